@@ -1,0 +1,67 @@
+#include "model/weights.h"
+
+#include <string>
+
+namespace strata {
+
+namespace {
+
+std::string Shape(const Tensor& t) {
+  std::string s = "{";
+  for (size_t i = 0; i < t.ne.size(); ++i) s += (i ? ", " : "") + std::to_string(t.ne[i]);
+  return s + "}";
+}
+
+Status Expect(const Tensor& t, const std::string& what, std::initializer_list<int64_t> shape,
+              bool small) {
+  if (!t.present()) return Status::NotFound("tensor '" + what + "' is missing");
+  std::vector<int64_t> want(shape);
+  if (t.ne != want) {
+    Tensor w;
+    w.ne = want;
+    return Status::Corrupt("tensor '" + t.name + "' has shape " + Shape(t) + ", expected " + Shape(w));
+  }
+  if (small && t.type != DType::kF32 && t.type != DType::kF16 && t.type != DType::kBF16)
+    return Status::Unsupported("tensor '" + t.name + "' (norm or bias) must be f32, f16 or bf16, not " +
+                               std::string(DTypeName(t.type)));
+  if (t.cols() % GetDTypeInfo(t.type).block_elems != 0)
+    return Status::Corrupt("tensor '" + t.name + "' row length " + std::to_string(t.cols()) +
+                           " is not a multiple of its " + std::string(DTypeName(t.type)) + " block");
+  if (t.nbytes != RowBytes(t.type, t.cols()) * static_cast<size_t>(t.rows()))
+    return Status::Corrupt("tensor '" + t.name + "' byte size does not match its shape and type");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateWeights(const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  STRATA_RETURN_IF_ERROR(c.Validate());
+  STRATA_RETURN_IF_ERROR(Expect(w.tok_embd, "token_embd", {c.dim, c.vocab_size}, false));
+  STRATA_RETURN_IF_ERROR(Expect(w.output_norm, "output_norm", {c.dim}, true));
+  STRATA_RETURN_IF_ERROR(Expect(w.output, "output", {c.dim, c.vocab_size}, false));
+  if (static_cast<int>(w.layers.size()) != c.n_layers)
+    return Status::Corrupt("model has " + std::to_string(w.layers.size()) + " layers, config says " +
+                           std::to_string(c.n_layers));
+  for (int i = 0; i < c.n_layers; ++i) {
+    const LayerWeights& l = w.layers[i];
+    std::string p = "blk." + std::to_string(i) + ".";
+    STRATA_RETURN_IF_ERROR(Expect(l.attn_norm, p + "attn_norm", {c.dim}, true));
+    STRATA_RETURN_IF_ERROR(Expect(l.wq, p + "attn_q", {c.dim, c.q_dim()}, false));
+    STRATA_RETURN_IF_ERROR(Expect(l.wk, p + "attn_k", {c.dim, c.kv_dim()}, false));
+    STRATA_RETURN_IF_ERROR(Expect(l.wv, p + "attn_v", {c.dim, c.kv_dim()}, false));
+    STRATA_RETURN_IF_ERROR(Expect(l.wo, p + "attn_output", {c.q_dim(), c.dim}, false));
+    if (c.qkv_bias) {
+      STRATA_RETURN_IF_ERROR(Expect(l.bq, p + "attn_q.bias", {c.q_dim()}, true));
+      STRATA_RETURN_IF_ERROR(Expect(l.bk, p + "attn_k.bias", {c.kv_dim()}, true));
+      STRATA_RETURN_IF_ERROR(Expect(l.bv, p + "attn_v.bias", {c.kv_dim()}, true));
+    }
+    STRATA_RETURN_IF_ERROR(Expect(l.ffn_norm, p + "ffn_norm", {c.dim}, true));
+    STRATA_RETURN_IF_ERROR(Expect(l.w_gate, p + "ffn_gate", {c.dim, c.ffn_dim}, false));
+    STRATA_RETURN_IF_ERROR(Expect(l.w_up, p + "ffn_up", {c.dim, c.ffn_dim}, false));
+    STRATA_RETURN_IF_ERROR(Expect(l.w_down, p + "ffn_down", {c.ffn_dim, c.dim}, false));
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata

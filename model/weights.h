@@ -1,0 +1,52 @@
+#pragma once
+// The weights of a loaded model, in their stored types. ModelWeights owns the
+// storage (mapped files, or buffers for tensors converted at load) that every
+// Tensor points into; it is immutable after loading and safe to share across
+// threads.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mapped_file.h"
+#include "common/sha256.h"
+#include "model/model_config.h"
+#include "model/tensor.h"
+
+namespace strata {
+
+struct LayerWeights {
+  Tensor attn_norm;             // {dim}
+  Tensor wq, wk, wv, wo;        // {dim, q_dim}, {dim, kv_dim}, {dim, kv_dim}, {q_dim, dim}
+  Tensor bq, bk, bv;            // biases when config.qkv_bias, else absent
+  Tensor ffn_norm;              // {dim}
+  Tensor w_gate, w_up, w_down;  // {dim, ffn}, {dim, ffn}, {ffn, dim}
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  Tensor tok_embd;     // {dim, vocab}
+  Tensor output_norm;  // {dim}
+  Tensor output;       // {dim, vocab}; equals tok_embd when tied
+  std::vector<LayerWeights> layers;
+
+  // Identity of the weights (feeds the KV namespace digest): SHA-256 over the
+  // file bytes' sampled digest, architecture and shapes. Hex.
+  std::string digest;
+
+  // Storage that the tensors point into.
+  std::vector<std::unique_ptr<MappedFile>> files;
+  std::vector<std::vector<uint8_t>> owned;
+
+  // Copies `bytes` into storage owned by this object and returns its address.
+  const uint8_t* Own(std::vector<uint8_t> bytes) {
+    owned.push_back(std::move(bytes));
+    return owned.back().data();
+  }
+};
+
+// Checks that every tensor is present with the shape the config implies and
+// a supported type (norms and biases must be F32, F16 or BF16).
+Status ValidateWeights(const ModelWeights& w);
+
+}  // namespace strata
