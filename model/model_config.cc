@@ -53,6 +53,7 @@ void ComputeRopeInvFreq(const ModelConfig& c, float* inv_freq) {
         freq = (1.0 - smooth) * freq / s.factor + smooth * freq;
       }
     }
+    if (static_cast<int>(c.rope_freq_factors.size()) == half) freq /= c.rope_freq_factors[i];
     inv_freq[i] = static_cast<float>(freq);
   }
 }

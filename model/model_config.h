@@ -3,6 +3,7 @@
 // qwen2), read from GGUF metadata or a Hugging Face config.json.
 
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -41,6 +42,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tied_embeddings = false;  // output head shares the token embedding
   bool qkv_bias = false;         // q/k/v projections have biases (qwen2)
+  // Per-frequency divisors (head_dim / 2 entries) from a GGUF rope_freqs
+  // tensor (how llama.cpp stores Llama-3.1 scaling); empty when absent.
+  std::vector<float> rope_freq_factors;
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "common/sha256.h"
+
 namespace strata {
 
 namespace {
@@ -33,6 +35,39 @@ Status Expect(const Tensor& t, const std::string& what, std::initializer_list<in
 }
 
 }  // namespace
+
+std::string ComputeWeightsDigest(const ModelWeights& w) {
+  Sha256 h;
+  const ModelConfig& c = w.config;
+  std::string head = c.arch + "|" + std::to_string(c.vocab_size) + "|" + std::to_string(c.dim) + "|" +
+                     std::to_string(c.n_layers) + "|" + std::to_string(c.n_heads) + "|" + std::to_string(c.n_kv_heads) +
+                     "|" + std::to_string(c.head_dim) + "|" + std::to_string(c.ffn_dim) + "|" +
+                     std::to_string(c.rope_theta) + "|" + std::to_string(static_cast<int>(c.rope_style)) + "|";
+  h.Update(head);
+  auto add = [&](const Tensor& t) {
+    if (!t.present()) return;
+    std::string d = t.name + ":" + std::string(DTypeName(t.type));
+    for (int64_t n : t.ne) d += "," + std::to_string(n);
+    h.Update(d);
+    constexpr size_t kWhole = 1 << 20, kSample = 4096, kSamples = 64;
+    if (t.nbytes <= kWhole) {
+      h.Update(t.data, t.nbytes);
+    } else {
+      size_t stride = (t.nbytes - kSample) / kSamples;
+      for (size_t i = 0; i < kSamples; ++i) h.Update(t.data + i * stride, kSample);
+      h.Update(t.data + t.nbytes - kSample, kSample);
+    }
+  };
+  add(w.tok_embd);
+  add(w.output_norm);
+  if (w.output.data != w.tok_embd.data) add(w.output);
+  for (const auto& l : w.layers) {
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate,
+                            &l.w_up, &l.w_down})
+      add(*t);
+  }
+  return ToHex(h.Finish());
+}
 
 Status ValidateWeights(const ModelWeights& w) {
   const ModelConfig& c = w.config;

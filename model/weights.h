@@ -24,6 +24,13 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
+  ModelWeights() = default;
+  ModelWeights(ModelWeights&&) = default;
+  ModelWeights& operator=(ModelWeights&&) = default;
+  // Tensors point into owned storage: a copy would share or dangle.
+  ModelWeights(const ModelWeights&) = delete;
+  ModelWeights& operator=(const ModelWeights&) = delete;
+
   ModelConfig config;
   Tensor tok_embd;     // {dim, vocab}
   Tensor output_norm;  // {dim}
@@ -36,6 +43,7 @@ struct ModelWeights {
 
   // Storage that the tensors point into.
   std::vector<std::unique_ptr<MappedFile>> files;
+  std::vector<std::shared_ptr<const void>> holders;  // e.g. the parsed GgufFile
   std::vector<std::vector<uint8_t>> owned;
 
   // Copies `bytes` into storage owned by this object and returns its address.
@@ -44,6 +52,11 @@ struct ModelWeights {
     return owned.back().data();
   }
 };
+
+// SHA-256 (hex) over the architecture, every tensor's name, type and shape,
+// and its bytes (tensors over 1 MiB contribute 64 evenly spaced 4 KiB samples
+// plus their last 4 KiB, so multi-GB models hash in milliseconds).
+std::string ComputeWeightsDigest(const ModelWeights& w);
 
 // Checks that every tensor is present with the shape the config implies and
 // a supported type (norms and biases must be F32, F16 or BF16).

@@ -1,0 +1,40 @@
+#pragma once
+// The CPU matrix product of a weight tensor (in its stored type) with a batch
+// of f32 activation rows: the linear layers of a transformer.
+//
+// Weights are never expanded to a full f32 copy. Small batches (decode) use
+// SIMD dot kernels that decode weight blocks in registers, each thread on a
+// contiguous range of rows. Larger batches (prefill) dequantize tiles of rows
+// into a per-thread f32 scratch and multiply them with the BLAS sgemm
+// (oneDNN when built with it, else OpenBLAS), single-threaded inside each of
+// the pool's tasks, so BLAS threads never compete with the pool's.
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "model/tensor.h"
+
+namespace strata::cpu {
+
+// OK when MatMul can use `w`: a supported type, 1 to 4 dims, cols > 0 and a
+// multiple of the type's block size, data present and nbytes covering every
+// row. Loaders call this once per weight so that MatMul need not fail.
+Status ValidateMatMulWeight(const Tensor& w);
+
+// y[t * w.rows() + r] = sum_k W[r][k] * x[t * w.cols() + k]
+// for t in [0, n_tokens), r in [0, w.rows()), where W is w decoded to f32
+// (exactly DequantizeRow's values; only the summation order differs between
+// code paths, SIMD levels and thread counts).
+//
+// REQUIRES: ValidateMatMulWeight(w).ok(); x holds n_tokens * cols floats and
+// y room for n_tokens * rows; x and y do not overlap. If w is invalid anyway,
+// y is filled with NaN (nothing is read from w). n_tokens <= 0 does nothing.
+//
+// Uses `pool` for the whole call (one MatMul at a time per pool, as the pool
+// requires) and thread-local scratch that grows to tile_rows * cols floats per
+// pool thread and is kept for reuse. Safe to call concurrently with distinct
+// pools.
+void MatMul(const Tensor& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
+
+}  // namespace strata::cpu

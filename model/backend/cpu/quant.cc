@@ -1,0 +1,139 @@
+// Row codecs: dispatch, plain float types and the 32-element block types.
+// The K-quants are in quant_k.cc.
+
+#include "model/backend/cpu/quant.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "model/backend/cpu/matmul_kernels.h"
+#include "model/backend/cpu/quant_internal.h"
+
+namespace strata::cpu {
+
+namespace internal {
+
+void DequantizeRowF16Scalar(const void* src, float* dst, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(h[i]);
+}
+
+void DequantizeRowBF16Scalar(const void* src, float* dst, int64_t n) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(h[i]);
+}
+
+void QuantizeRowF16Scalar(const float* src, void* dst, int64_t n) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) h[i] = F32ToF16(src[i]);
+}
+
+void QuantizeRowBF16Scalar(const float* src, void* dst, int64_t n) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) h[i] = F32ToBF16(src[i]);
+}
+
+void DequantizeRowQ4_0Scalar(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ4_0*>(src);
+  for (int64_t i = 0; i < n / kQK4_0; ++i, dst += kQK4_0) {
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      dst[j] = static_cast<float>((b[i].qs[j] & 0xf) - 8) * d;
+      dst[j + kQK4_0 / 2] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void DequantizeRowQ8_0Scalar(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ8_0*>(src);
+  for (int64_t i = 0; i < n / kQK8_0; ++i, dst += kQK8_0) {
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < kQK8_0; ++j) dst[j] = static_cast<float>(b[i].qs[j]) * d;
+  }
+}
+
+// ggml's quantize_row_q4_0_ref: the element of largest magnitude maps to -8,
+// so its sign picks the sign of d and the full range [-8, 7] is used.
+void QuantizeRowQ4_0(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<BlockQ4_0*>(dst);
+  for (int64_t i = 0; i < n / kQK4_0; ++i, src += kQK4_0) {
+    float amax = 0.f;
+    float max = 0.f;
+    for (int j = 0; j < kQK4_0; ++j) {
+      if (std::fabs(src[j]) > amax) {
+        amax = std::fabs(src[j]);
+        max = src[j];
+      }
+    }
+    const float d = max / -8.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    b[i].d = F32ToF16(d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      // Truncation of v + 8.5 rounds half up; v >= -8 keeps it non-negative.
+      // fmin/fmax also turn NaN into an in-range code.
+      const float v0 = std::fmax(0.f, std::fmin(15.f, src[j] * id + 8.5f));
+      const float v1 = std::fmax(0.f, std::fmin(15.f, src[j + kQK4_0 / 2] * id + 8.5f));
+      b[i].qs[j] = static_cast<uint8_t>(static_cast<int>(v0) | (static_cast<int>(v1) << 4));
+    }
+  }
+}
+
+// ggml's quantize_row_q8_0_ref: d = amax / 127, q = round(x / d).
+void QuantizeRowQ8_0(const float* src, void* dst, int64_t n) {
+  auto* b = static_cast<BlockQ8_0*>(dst);
+  for (int64_t i = 0; i < n / kQK8_0; ++i, src += kQK8_0) {
+    float amax = 0.f;
+    for (int j = 0; j < kQK8_0; ++j) amax = std::fmax(amax, std::fabs(src[j]));
+    const float d = amax / 127.f;
+    const float id = d != 0.f ? 1.f / d : 0.f;
+    b[i].d = F32ToF16(d);
+    for (int j = 0; j < kQK8_0; ++j) {
+      const float v = std::fmax(-127.f, std::fmin(127.f, std::round(src[j] * id)));
+      b[i].qs[j] = static_cast<int8_t>(v);
+    }
+  }
+}
+
+}  // namespace internal
+
+void PackScaleMinK4(const uint8_t sc[8], const uint8_t m[8], uint8_t scales[12]) {
+  for (int j = 0; j < 4; ++j) {
+    scales[j] = static_cast<uint8_t>(sc[j] & 63);
+    scales[j + 4] = static_cast<uint8_t>(m[j] & 63);
+  }
+  for (int j = 4; j < 8; ++j) {
+    scales[j + 4] = static_cast<uint8_t>((sc[j] & 0xf) | ((m[j] & 0xf) << 4));
+    scales[j - 4] |= static_cast<uint8_t>(((sc[j] >> 4) & 3) << 6);
+    scales[j] |= static_cast<uint8_t>(((m[j] >> 4) & 3) << 6);
+  }
+}
+
+void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
+  if (n <= 0) return;
+  const int idx = internal::TypeIndex(t);
+  if (idx < 0) return;
+  const int64_t whole = n - n % GetDTypeInfo(t).block_elems;
+  internal::ActiveKernels().dequant[idx](src, dst, whole);
+}
+
+void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
+  if (n <= 0) return;
+  const int64_t whole = n - n % GetDTypeInfo(t).block_elems;
+  using namespace internal;
+  switch (t) {
+    case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(whole) * sizeof(float)); return;
+    case DType::kF16: ActiveKernels().f32_to_f16(src, dst, whole); return;
+    case DType::kBF16: ActiveKernels().f32_to_bf16(src, dst, whole); return;
+    case DType::kQ4_0: QuantizeRowQ4_0(src, dst, whole); return;
+    case DType::kQ8_0: QuantizeRowQ8_0(src, dst, whole); return;
+    case DType::kQ4_K: QuantizeRowQ4_K(src, dst, whole); return;
+    case DType::kQ5_K: QuantizeRowQ5_K(src, dst, whole); return;
+    case DType::kQ6_K: QuantizeRowQ6_K(src, dst, whole); return;
+  }
+}
+
+void ConvertRow(DType dst_type, const float* src, void* dst, int64_t n) {
+  QuantizeRow(dst_type, src, dst, n);
+}
+
+}  // namespace strata::cpu

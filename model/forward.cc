@@ -1,0 +1,248 @@
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "model/backend/cpu/kernels.h"
+#include "model/backend/cpu/matmul.h"
+#include "model/backend/cpu/quant.h"
+
+namespace strata {
+
+namespace {
+
+std::vector<float> ToF32(const Tensor& t) {
+  std::vector<float> out;
+  if (!t.present()) return out;
+  out.resize(static_cast<size_t>(t.elements()));
+  for (int64_t r = 0; r < t.rows(); ++r) {
+    cpu::DequantizeRow(t.type, t.row(r), out.data() + r * t.cols(), t.cols());
+  }
+  return out;
+}
+
+// Grows `v` to at least n floats (never shrinks: activations are reused).
+void Reserve(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ForwardEngine>> ForwardEngine::Create(const ModelWeights& weights, const KvOptions& kv,
+                                                             ThreadPool* pool) {
+  STRATA_RETURN_IF_ERROR(ValidateWeights(weights));
+  if (pool == nullptr) return Status::InvalidArgument("ForwardEngine needs a thread pool");
+  if (kv.dtype != DType::kF32 && kv.dtype != DType::kF16 && kv.dtype != DType::kBF16)
+    return Status::InvalidArgument("KV dtype must be f32, f16 or bf16, not " + std::string(DTypeName(kv.dtype)));
+  if (kv.block_size < 1 || kv.block_size > 4096)
+    return Status::InvalidArgument("KV block size " + std::to_string(kv.block_size) + " out of range [1, 4096]");
+  if (kv.num_blocks < 1) return Status::InvalidArgument("KV pool needs at least one block");
+
+  const ModelConfig& c = weights.config;
+  std::unique_ptr<ForwardEngine> e(new ForwardEngine(weights, pool));
+  e->layout_.n_layers = c.n_layers;
+  e->layout_.n_kv_heads = c.n_kv_heads;
+  e->layout_.head_dim = c.head_dim;
+  e->layout_.block_size = kv.block_size;
+  e->layout_.dtype = kv.dtype;
+  e->num_blocks_ = kv.num_blocks;
+  size_t bytes = e->layout_.block_bytes() * static_cast<size_t>(kv.num_blocks);
+  e->kv_.reset(new (std::nothrow) uint8_t[bytes]);
+  if (!e->kv_) {
+    return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes for " +
+                                     std::to_string(kv.num_blocks) + " KV blocks");
+  }
+  std::memset(e->kv_.get(), 0, bytes);
+  e->inv_freq_.resize(static_cast<size_t>(c.head_dim / 2));
+  ComputeRopeInvFreq(c, e->inv_freq_.data());
+  e->output_norm_ = ToF32(weights.output_norm);
+  for (const LayerWeights& l : weights.layers) {
+    LayerF32 f;
+    f.attn_norm = ToF32(l.attn_norm);
+    f.ffn_norm = ToF32(l.ffn_norm);
+    f.bq = ToF32(l.bq);
+    f.bk = ToF32(l.bk);
+    f.bv = ToF32(l.bv);
+    e->layer_f32_.push_back(std::move(f));
+  }
+  return e;
+}
+
+ForwardEngine::~ForwardEngine() = default;
+
+Status ForwardEngine::Validate(std::span<const ForwardSeq> batch) const {
+  const ModelConfig& c = w_.config;
+  if (batch.empty()) return Status::InvalidArgument("empty batch");
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const ForwardSeq& q = batch[s];
+    std::string who = "sequence " + std::to_string(s) + " of the batch";
+    if (q.tokens.empty()) return Status::InvalidArgument(who + " has no tokens");
+    if (q.start_pos < 0) return Status::InvalidArgument(who + " has a negative start position");
+    int64_t end = static_cast<int64_t>(q.start_pos) + static_cast<int64_t>(q.tokens.size());
+    if (end > c.context_length)
+      return Status::InvalidArgument(who + " reaches position " + std::to_string(end) +
+                                     ", past the context length " + std::to_string(c.context_length));
+    int64_t need_blocks = (end + layout_.block_size - 1) / layout_.block_size;
+    if (static_cast<int64_t>(q.block_table.size()) < need_blocks)
+      return Status::InvalidArgument(who + " needs " + std::to_string(need_blocks) + " blocks, block table has " +
+                                     std::to_string(q.block_table.size()));
+    for (int64_t b = 0; b < need_blocks; ++b) {
+      if (q.block_table[b] < 0 || q.block_table[b] >= num_blocks_)
+        return Status::InvalidArgument(who + " block table entry " + std::to_string(b) + " = " +
+                                       std::to_string(q.block_table[b]) + " is not a valid block id");
+    }
+    for (int32_t t : q.tokens)
+      if (t < 0 || t >= c.vocab_size)
+        return Status::InvalidArgument(who + " has token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                                       std::to_string(c.vocab_size) + ")");
+  }
+  return Status::Ok();
+}
+
+void ForwardEngine::Attention(int layer, std::span<const ForwardSeq> batch, const std::vector<int>& seq_of_token,
+                              const std::vector<int>& pos_of_token) {
+  const ModelConfig& c = w_.config;
+  const int T = static_cast<int>(seq_of_token.size());
+  const int hd = c.head_dim;
+  const int group = c.n_heads / c.n_kv_heads;
+  const int bs = layout_.block_size;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t head_bytes = static_cast<size_t>(hd) * layout_.elem_bytes();
+  const DType kvt = layout_.dtype;
+
+  // One task per (token, KV head): the query heads of a group share K/V rows.
+  pool_->Run(T * c.n_kv_heads, [&](int task) {
+    const int t = task / c.n_kv_heads;
+    const int g = task % c.n_kv_heads;
+    const ForwardSeq& seq = batch[seq_of_token[t]];
+    const int n_ctx = pos_of_token[t] + 1;
+    thread_local std::vector<float> scores;
+    if (static_cast<int>(scores.size()) < n_ctx * group) scores.resize(static_cast<size_t>(n_ctx) * group);
+    // Scores for every query head of the group.
+    for (int j = 0; j < n_ctx; ++j) {
+      const uint8_t* blk = kv_.get() + static_cast<size_t>(seq.block_table[j / bs]) * layout_.block_bytes();
+      const uint8_t* krow = blk + layout_.Offset(layer, 0, j % bs) + static_cast<size_t>(g) * head_bytes;
+      for (int h = 0; h < group; ++h) {
+        const float* qh = q_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group + h) * hd;
+        scores[static_cast<size_t>(h) * n_ctx + j] = cpu::DotKv(qh, krow, kvt, hd) * scale;
+      }
+    }
+    for (int h = 0; h < group; ++h) {
+      float* sh = scores.data() + static_cast<size_t>(h) * n_ctx;
+      cpu::Softmax(sh, n_ctx);
+      float* out = attn_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group + h) * hd;
+      std::fill(out, out + hd, 0.0f);
+    }
+    for (int j = 0; j < n_ctx; ++j) {
+      const uint8_t* blk = kv_.get() + static_cast<size_t>(seq.block_table[j / bs]) * layout_.block_bytes();
+      const uint8_t* vrow = blk + layout_.Offset(layer, 1, j % bs) + static_cast<size_t>(g) * head_bytes;
+      for (int h = 0; h < group; ++h) {
+        float* out = attn_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group + h) * hd;
+        cpu::AxpyKv(scores[static_cast<size_t>(h) * n_ctx + j], vrow, kvt, out, hd);
+      }
+    }
+  });
+}
+
+Status ForwardEngine::Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) {
+  STRATA_RETURN_IF_ERROR(Validate(batch));
+  const ModelConfig& c = w_.config;
+  const int dim = c.dim;
+
+  // Flatten the batch: token t belongs to sequence seq_of_token[t] at pos_of_token[t].
+  std::vector<int> seq_of_token, pos_of_token;
+  std::vector<int32_t> ids;
+  std::vector<int> logit_rows;  // token indices whose logits are returned
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const ForwardSeq& q = batch[s];
+    for (size_t i = 0; i < q.tokens.size(); ++i) {
+      int t = static_cast<int>(ids.size());
+      ids.push_back(q.tokens[i]);
+      seq_of_token.push_back(static_cast<int>(s));
+      pos_of_token.push_back(q.start_pos + static_cast<int>(i));
+      if (q.all_logits || i + 1 == q.tokens.size()) logit_rows.push_back(t);
+    }
+  }
+  const int T = static_cast<int>(ids.size());
+  const size_t Ts = static_cast<size_t>(T);
+  Reserve(x_, Ts * dim);
+  Reserve(xn_, Ts * dim);
+  Reserve(q_, Ts * c.q_dim());
+  Reserve(k_, Ts * c.kv_dim());
+  Reserve(v_, Ts * c.kv_dim());
+  Reserve(attn_, Ts * c.q_dim());
+  Reserve(tmp_, Ts * std::max(dim, c.q_dim()));
+  Reserve(gate_, Ts * c.ffn_dim);
+  Reserve(up_, Ts * c.ffn_dim);
+
+  const Tensor& emb = w_.tok_embd;
+  pool_->ParallelFor(Ts, 16, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) cpu::DequantizeRow(emb.type, emb.row(ids[t]), x_.data() + t * dim, dim);
+  });
+
+  const bool neox = c.rope_style == RopeStyle::kNeox;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    const LayerF32& F = layer_f32_[l];
+    pool_->ParallelFor(Ts, 8, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t)
+        cpu::RmsNorm(x_.data() + t * dim, F.attn_norm.data(), xn_.data() + t * dim, dim, c.rms_eps);
+    });
+    cpu::MatMul(L.wq, xn_.data(), T, q_.data(), *pool_);
+    cpu::MatMul(L.wk, xn_.data(), T, k_.data(), *pool_);
+    cpu::MatMul(L.wv, xn_.data(), T, v_.data(), *pool_);
+    pool_->ParallelFor(Ts, 4, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) {
+        float* qt = q_.data() + t * c.q_dim();
+        float* kt = k_.data() + t * c.kv_dim();
+        float* vt = v_.data() + t * c.kv_dim();
+        if (!F.bq.empty()) {
+          cpu::Add(qt, F.bq.data(), c.q_dim());
+          cpu::Add(kt, F.bk.data(), c.kv_dim());
+          cpu::Add(vt, F.bv.data(), c.kv_dim());
+        }
+        cpu::ApplyRope(qt, c.n_heads, c.head_dim, pos_of_token[t], inv_freq_.data(), neox);
+        cpu::ApplyRope(kt, c.n_kv_heads, c.head_dim, pos_of_token[t], inv_freq_.data(), neox);
+        // Store this token's K and V into its block.
+        const ForwardSeq& seq = batch[seq_of_token[t]];
+        int pos = pos_of_token[t];
+        uint8_t* blk = kv_.get() + static_cast<size_t>(seq.block_table[pos / layout_.block_size]) * layout_.block_bytes();
+        int slot = pos % layout_.block_size;
+        cpu::StoreKv(kt, blk + layout_.Offset(l, 0, slot), layout_.dtype, c.kv_dim());
+        cpu::StoreKv(vt, blk + layout_.Offset(l, 1, slot), layout_.dtype, c.kv_dim());
+      }
+    });
+    Attention(l, batch, seq_of_token, pos_of_token);
+    cpu::MatMul(L.wo, attn_.data(), T, tmp_.data(), *pool_);
+    pool_->ParallelFor(Ts, 8, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) {
+        cpu::Add(x_.data() + t * dim, tmp_.data() + t * dim, dim);
+        cpu::RmsNorm(x_.data() + t * dim, F.ffn_norm.data(), xn_.data() + t * dim, dim, c.rms_eps);
+      }
+    });
+    cpu::MatMul(L.w_gate, xn_.data(), T, gate_.data(), *pool_);
+    cpu::MatMul(L.w_up, xn_.data(), T, up_.data(), *pool_);
+    pool_->ParallelFor(Ts, 4, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t)
+        cpu::SwiGlu(gate_.data() + t * c.ffn_dim, up_.data() + t * c.ffn_dim, gate_.data() + t * c.ffn_dim, c.ffn_dim);
+    });
+    cpu::MatMul(L.w_down, gate_.data(), T, tmp_.data(), *pool_);
+    pool_->ParallelFor(Ts, 16, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) cpu::Add(x_.data() + t * dim, tmp_.data() + t * dim, dim);
+    });
+  }
+
+  // Final norm and output head only for the rows whose logits are wanted.
+  const size_t R = logit_rows.size();
+  for (size_t r = 0; r < R; ++r) {
+    cpu::RmsNorm(x_.data() + static_cast<size_t>(logit_rows[r]) * dim, output_norm_.data(), xn_.data() + r * dim, dim,
+                 c.rms_eps);
+  }
+  logits->resize(R * static_cast<size_t>(c.vocab_size));
+  cpu::MatMul(w_.output, xn_.data(), static_cast<int64_t>(R), logits->data(), *pool_);
+  return Status::Ok();
+}
+
+}  // namespace strata

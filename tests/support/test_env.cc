@@ -1,0 +1,47 @@
+#include "tests/support/test_env.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <vector>
+
+namespace strata::testing {
+
+std::string SharedDir() {
+  if (const char* e = std::getenv("STRATA_SHARED_DIR"); e != nullptr && *e != '\0') return e;
+  if (const char* s = std::getenv("STRATA_SOURCE_DIR"); s != nullptr && *s != '\0')
+    return std::string(s) + "/../shared";
+  return "../shared";
+}
+
+std::string Stories260KPath() { return SharedDir() + "/models/stories260K.gguf"; }
+
+namespace {
+std::mutex g_mu;
+std::vector<std::string>* g_dirs = nullptr;
+void RemoveDirs() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_dirs == nullptr) return;
+  for (const auto& d : *g_dirs) {
+    std::error_code ec;
+    std::filesystem::remove_all(d, ec);
+  }
+}
+}  // namespace
+
+std::string MakeTempDir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) std::abort();
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_dirs == nullptr) {
+    g_dirs = new std::vector<std::string>();
+    std::atexit(RemoveDirs);
+  }
+  g_dirs->push_back(buf.data());
+  return buf.data();
+}
+
+}  // namespace strata::testing
