@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 
@@ -18,9 +19,10 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 // Smallest possible encodings, used to reject counts before reserving memory.
-constexpr uint64_t kMinKvBytes = 8 + 4 + 1;          // key length, type, u8 value
-constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // name len, n_dims, 1 dim, type, offset
-constexpr uint64_t kMinNestedArrayBytes = 4 + 8;     // element type, count
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;  // key length, type, u8 value
+constexpr uint64_t kMinTensorInfoBytes =
+    8 + 4 + 8 + 4 + 8;                            // name len, n_dims, 1 dim, type, offset
+constexpr uint64_t kMinNestedArrayBytes = 4 + 8;  // element type, count
 constexpr size_t kRenderMaxBytes = 64;
 
 uint64_t LoadLE(const uint8_t* p, size_t n) {
@@ -72,7 +74,8 @@ std::optional<uint64_t> UintFromBits(GgufType t, uint64_t bits) {
 }
 
 std::optional<double> FloatFromBits(GgufType t, uint64_t bits) {
-  if (t == GgufType::kF32) return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+  if (t == GgufType::kF32)
+    return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(bits)));
   if (t == GgufType::kF64) return std::bit_cast<double>(bits);
   return std::nullopt;
 }
@@ -141,39 +144,33 @@ void AppendGgufString(std::string* out, std::string_view s) {
 }
 
 template <typename T>
-struct GgufTypeOf;
-template <> struct GgufTypeOf<uint8_t> { static constexpr GgufType kType = GgufType::kU8; };
-template <> struct GgufTypeOf<int8_t> { static constexpr GgufType kType = GgufType::kI8; };
-template <> struct GgufTypeOf<uint16_t> { static constexpr GgufType kType = GgufType::kU16; };
-template <> struct GgufTypeOf<int16_t> { static constexpr GgufType kType = GgufType::kI16; };
-template <> struct GgufTypeOf<uint32_t> { static constexpr GgufType kType = GgufType::kU32; };
-template <> struct GgufTypeOf<int32_t> { static constexpr GgufType kType = GgufType::kI32; };
-template <> struct GgufTypeOf<uint64_t> { static constexpr GgufType kType = GgufType::kU64; };
-template <> struct GgufTypeOf<int64_t> { static constexpr GgufType kType = GgufType::kI64; };
-template <> struct GgufTypeOf<float> { static constexpr GgufType kType = GgufType::kF32; };
-template <> struct GgufTypeOf<double> { static constexpr GgufType kType = GgufType::kF64; };
+constexpr GgufType GgufTypeOf() {
+  if constexpr (std::is_same_v<T, uint8_t>) return GgufType::kU8;
+  if constexpr (std::is_same_v<T, int8_t>) return GgufType::kI8;
+  if constexpr (std::is_same_v<T, uint16_t>) return GgufType::kU16;
+  if constexpr (std::is_same_v<T, int16_t>) return GgufType::kI16;
+  if constexpr (std::is_same_v<T, uint32_t>) return GgufType::kU32;
+  if constexpr (std::is_same_v<T, int32_t>) return GgufType::kI32;
+  if constexpr (std::is_same_v<T, uint64_t>) return GgufType::kU64;
+  if constexpr (std::is_same_v<T, int64_t>) return GgufType::kI64;
+  if constexpr (std::is_same_v<T, float>) return GgufType::kF32;
+  if constexpr (std::is_same_v<T, double>) return GgufType::kF64;
+}
 
 }  // namespace
 
 // ---------------------------------------------------------------- types
 
+namespace {
+// Indexed by GgufType id.
+constexpr std::string_view kGgufTypeNames[] = {
+    "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
+constexpr size_t kGgufFixedSizes[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+}  // namespace
+
 std::string_view GgufTypeName(GgufType t) {
-  switch (t) {
-    case GgufType::kU8: return "u8";
-    case GgufType::kI8: return "i8";
-    case GgufType::kU16: return "u16";
-    case GgufType::kI16: return "i16";
-    case GgufType::kU32: return "u32";
-    case GgufType::kI32: return "i32";
-    case GgufType::kF32: return "f32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kU64: return "u64";
-    case GgufType::kI64: return "i64";
-    case GgufType::kF64: return "f64";
-  }
-  return "invalid";
+  const auto i = static_cast<uint32_t>(t);
+  return i < std::size(kGgufTypeNames) ? kGgufTypeNames[i] : "invalid";
 }
 
 std::optional<GgufType> GgufTypeFromId(uint32_t id) {
@@ -182,22 +179,8 @@ std::optional<GgufType> GgufTypeFromId(uint32_t id) {
 }
 
 size_t GgufFixedSize(GgufType t) {
-  switch (t) {
-    case GgufType::kU8:
-    case GgufType::kI8:
-    case GgufType::kBool: return 1;
-    case GgufType::kU16:
-    case GgufType::kI16: return 2;
-    case GgufType::kU32:
-    case GgufType::kI32:
-    case GgufType::kF32: return 4;
-    case GgufType::kU64:
-    case GgufType::kI64:
-    case GgufType::kF64: return 8;
-    case GgufType::kString:
-    case GgufType::kArray: return 0;
-  }
-  return 0;
+  const auto i = static_cast<uint32_t>(t);
+  return i < std::size(kGgufFixedSizes) ? kGgufFixedSizes[i] : 0;
 }
 
 bool GgufIsInteger(GgufType t) {
@@ -209,8 +192,10 @@ bool GgufIsInteger(GgufType t) {
     case GgufType::kU32:
     case GgufType::kI32:
     case GgufType::kU64:
-    case GgufType::kI64: return true;
-    default: return false;
+    case GgufType::kI64:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -218,23 +203,23 @@ bool GgufIsFloat(GgufType t) { return t == GgufType::kF32 || t == GgufType::kF64
 
 std::string_view GgmlTypeName(uint32_t id) {
   static constexpr std::string_view kNames[] = {
-      "f32",     "f16",     "q4_0",       "q4_1",       "q4_2",       "q4_3",    "q5_0",
-      "q5_1",    "q8_0",    "q8_1",       "q2_k",       "q3_k",       "q4_k",    "q5_k",
-      "q6_k",    "q8_k",    "iq2_xxs",    "iq2_xs",     "iq3_xxs",    "iq1_s",   "iq4_nl",
-      "iq3_s",   "iq2_s",   "iq4_xs",     "i8",         "i16",        "i32",     "i64",
-      "f64",     "iq1_m",   "bf16",       "q4_0_4_4",   "q4_0_4_8",   "q4_0_8_8", "tq1_0",
-      "tq2_0",   "iq4_nl_4_4", "iq4_nl_4_8", "iq4_nl_8_8", "mxfp4"};
+      "f32",   "f16",        "q4_0",       "q4_1",       "q4_2",     "q4_3",     "q5_0",
+      "q5_1",  "q8_0",       "q8_1",       "q2_k",       "q3_k",     "q4_k",     "q5_k",
+      "q6_k",  "q8_k",       "iq2_xxs",    "iq2_xs",     "iq3_xxs",  "iq1_s",    "iq4_nl",
+      "iq3_s", "iq2_s",      "iq4_xs",     "i8",         "i16",      "i32",      "i64",
+      "f64",   "iq1_m",      "bf16",       "q4_0_4_4",   "q4_0_4_8", "q4_0_8_8", "tq1_0",
+      "tq2_0", "iq4_nl_4_4", "iq4_nl_4_8", "iq4_nl_8_8", "mxfp4"};
   if (id >= std::size(kNames)) return "unknown";
   return kNames[id];
 }
 
 // ---------------------------------------------------------------- GgufValue
 
-#define STRATA_GGUF_SCALAR_(Name, CType, Kind)                                    \
-  GgufValue GgufValue::Name(CType v) {                                            \
-    uint64_t bits = 0;                                                            \
-    std::memcpy(&bits, &v, sizeof v);                                             \
-    return Scalar(GgufType::Kind, bits);                                      \
+#define STRATA_GGUF_SCALAR_(Name, CType, Kind) \
+  GgufValue GgufValue::Name(CType v) {         \
+    uint64_t bits = 0;                         \
+    std::memcpy(&bits, &v, sizeof v);          \
+    return Scalar(GgufType::Kind, bits);       \
   }
 STRATA_GGUF_SCALAR_(U8, uint8_t, kU8)
 STRATA_GGUF_SCALAR_(I8, int8_t, kI8)
@@ -280,7 +265,7 @@ template <typename T>
 GgufValue GgufValue::NumericArray(std::span<const T> v) {
   GgufValue out;
   out.type_ = GgufType::kArray;
-  out.elem_type_ = GgufTypeOf<T>::kType;
+  out.elem_type_ = GgufTypeOf<T>();
   out.count_ = v.size();
   const auto* p = reinterpret_cast<const uint8_t*>(v.data());
   out.raw_.assign(p, p + v.size_bytes());
@@ -404,8 +389,8 @@ class GgufParser {
   // `what` and `ctx` are joined only on failure, so the fast path allocates nothing.
   Status Need(uint64_t n, std::string_view what, std::string_view ctx = {}) const {
     if (n <= remaining()) return Status::Ok();
-    std::string msg = "truncated at offset " + std::to_string(pos_) + " reading " +
-                      std::string(what);
+    std::string msg =
+        "truncated at offset " + std::to_string(pos_) + " reading " + std::string(what);
     if (!ctx.empty()) msg += " of " + std::string(ctx);
     msg += ": needs " + std::to_string(n) + " bytes, " + std::to_string(remaining()) + " left";
     return Corrupt(std::move(msg));
@@ -504,13 +489,14 @@ class GgufParser {
     uint32_t elem_id = 0;
     STRATA_RETURN_IF_ERROR(ReadU32(&elem_id, "array element type", ctx));
     auto elem = GgufTypeFromId(elem_id);
-    if (!elem) return Corrupt(ctx + ": array has unknown element type id " + std::to_string(elem_id));
+    if (!elem)
+      return Corrupt(ctx + ": array has unknown element type id " + std::to_string(elem_id));
     uint64_t count = 0;
     STRATA_RETURN_IF_ERROR(ReadU64(&count, "array length", ctx));
     const size_t fixed = GgufFixedSize(*elem);
-    const uint64_t min_elem = fixed != 0                      ? fixed
+    const uint64_t min_elem = fixed != 0                   ? fixed
                               : *elem == GgufType::kString ? 8
-                                                             : kMinNestedArrayBytes;
+                                                           : kMinNestedArrayBytes;
     if (count > remaining() / min_elem) {
       return Corrupt(ctx + ": array of " + std::to_string(count) + " " +
                      std::string(GgufTypeName(*elem)) + " elements at offset " +
@@ -527,7 +513,8 @@ class GgufParser {
       for (auto& s : v->strings_) STRATA_RETURN_IF_ERROR(ReadString(&s, "array string", ctx));
     } else {
       v->arrays_.resize(count);
-      for (auto& a : v->arrays_) STRATA_RETURN_IF_ERROR(ReadValue(GgufType::kArray, &a, depth, ctx));
+      for (auto& a : v->arrays_)
+        STRATA_RETURN_IF_ERROR(ReadValue(GgufType::kArray, &a, depth, ctx));
     }
     return Status::Ok();
   }
@@ -588,7 +575,8 @@ class GgufParser {
       auto dtype = DTypeFromGgufId(type_id);
       if (!dtype) {
         return Unsupported(ctx + " has type id " + std::to_string(type_id) + " (ggml '" +
-                           std::string(GgmlTypeName(type_id)) + "'), which Strata does not support");
+                           std::string(GgmlTypeName(type_id)) +
+                           "'), which Strata does not support");
       }
       t.type = *dtype;
       const DTypeInfo& info = GetDTypeInfo(t.type);
@@ -605,8 +593,8 @@ class GgufParser {
       t.nbytes = nbytes;
       STRATA_RETURN_IF_ERROR(ReadU64(&t.offset, "data offset", ctx));
       if (t.offset % f_->alignment_ != 0) {
-        return Corrupt(ctx + ": data offset " + std::to_string(t.offset) +
-                       " is not aligned to " + std::to_string(f_->alignment_));
+        return Corrupt(ctx + ": data offset " + std::to_string(t.offset) + " is not aligned to " +
+                       std::to_string(f_->alignment_));
       }
       f_->tensors_.push_back(std::move(t));
     }
@@ -620,8 +608,8 @@ class GgufParser {
       uint64_t begin = 0, end = 0;
       if (__builtin_add_overflow(f_->data_offset_, t.offset, &begin) ||
           __builtin_add_overflow(begin, static_cast<uint64_t>(t.nbytes), &end) || end > size_) {
-        return Corrupt("tensor '" + t.name + "' data (offset " + std::to_string(t.offset) +
-                       ", " + std::to_string(t.nbytes) + " bytes, data section at " +
+        return Corrupt("tensor '" + t.name + "' data (offset " + std::to_string(t.offset) + ", " +
+                       std::to_string(t.nbytes) + " bytes, data section at " +
                        std::to_string(f_->data_offset_) + ") is past the end of the file (" +
                        std::to_string(size_) + " bytes)");
       }
@@ -703,14 +691,14 @@ std::string TypeLabel(const GgufValue& v) {
 }  // namespace
 
 // Looks up `key` and checks its type with `ok`; errors name both types.
-#define STRATA_GGUF_LOOKUP_(v, key, ok, expected)                                           \
-  const GgufValue* v = Find(key);                                                          \
-  if (v == nullptr) {                                                                      \
+#define STRATA_GGUF_LOOKUP_(v, key, ok, expected)                                             \
+  const GgufValue* v = Find(key);                                                             \
+  if (v == nullptr) {                                                                         \
     return Status::NotFound(origin_ + ": metadata key '" + std::string(key) + "' not found"); \
-  }                                                                                        \
-  if (!(ok)) {                                                                             \
-    return Status::InvalidArgument(origin_ + ": key '" + std::string(key) + "' is " +      \
-                                   TypeLabel(*v) + ", expected " + (expected));            \
+  }                                                                                           \
+  if (!(ok)) {                                                                                \
+    return Status::InvalidArgument(origin_ + ": key '" + std::string(key) + "' is " +         \
+                                   TypeLabel(*v) + ", expected " + (expected));               \
   }
 
 Result<std::string> GgufFile::GetString(std::string_view key) const {
@@ -755,16 +743,14 @@ Result<const std::vector<std::string>*> GgufFile::GetStringArray(std::string_vie
 }
 
 Result<std::vector<float>> GgufFile::GetFloatArray(std::string_view key) const {
-  STRATA_GGUF_LOOKUP_(v, key, v->is_array() && GgufIsFloat(v->elem_type()),
-                      "array of f32 or f64");
+  STRATA_GGUF_LOOKUP_(v, key, v->is_array() && GgufIsFloat(v->elem_type()), "array of f32 or f64");
   std::vector<float> out(v->size());
   for (uint64_t i = 0; i < v->size(); ++i) out[i] = static_cast<float>(*v->FloatAt(i));
   return out;
 }
 
 Result<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) const {
-  STRATA_GGUF_LOOKUP_(v, key, v->is_array() && GgufIsInteger(v->elem_type()),
-                      "array of integers");
+  STRATA_GGUF_LOOKUP_(v, key, v->is_array() && GgufIsInteger(v->elem_type()), "array of integers");
   std::vector<int64_t> out(v->size());
   for (uint64_t i = 0; i < v->size(); ++i) {
     auto x = v->IntAt(i);

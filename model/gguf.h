@@ -152,8 +152,8 @@ struct GgufKeyInfo {
 struct GgufTensor {
   std::string name;
   DType type = DType::kF32;
-  std::vector<int64_t> ne;     // 1..4 dims, ne[0] innermost, all > 0
-  uint64_t offset = 0;         // relative to the data section; aligned
+  std::vector<int64_t> ne;        // 1..4 dims, ne[0] innermost, all > 0
+  uint64_t offset = 0;            // relative to the data section; aligned
   const uint8_t* data = nullptr;  // points into the GgufFile's bytes
   size_t nbytes = 0;
 
@@ -204,7 +204,7 @@ class GgufFile {
   Result<bool> GetBool(std::string_view key) const;
   // Never null on success; points into this object.
   Result<const std::vector<std::string>*> GetStringArray(std::string_view key) const;
-  Result<std::vector<float>> GetFloatArray(std::string_view key) const;   // f32/f64 elems
+  Result<std::vector<float>> GetFloatArray(std::string_view key) const;  // f32/f64 elems
   Result<std::vector<int64_t>> GetIntArray(std::string_view key) const;  // integer elems
 
   // Tensors in file order.

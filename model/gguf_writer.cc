@@ -47,8 +47,8 @@ Result<size_t> GgufWriter::CheckTensor(const std::string& name, DType type,
   const std::string ctx = "GGUF tensor '" + name + "'";
   if (tensor_index_.contains(name)) return Status::InvalidArgument("duplicate " + ctx);
   if (ne.empty() || ne.size() > static_cast<size_t>(GgufFile::kMaxDims)) {
-    return Status::InvalidArgument(ctx + ": " + std::to_string(ne.size()) +
-                                   " dims, expected 1.." + std::to_string(GgufFile::kMaxDims));
+    return Status::InvalidArgument(ctx + ": " + std::to_string(ne.size()) + " dims, expected 1.." +
+                                   std::to_string(GgufFile::kMaxDims));
   }
   int64_t elements = 1;
   for (int64_t d : ne) {
@@ -106,8 +106,8 @@ Status GgufWriter::AddTensorProduced(std::string name, DType type, std::vector<i
                                      Producer producer) {
   STRATA_ASSIGN_OR_RETURN(size_t expected, CheckTensor(name, type, ne));
   if (!producer) return Status::InvalidArgument("GGUF tensor '" + name + "': empty producer");
-  PendingTensor t{std::move(name), type, std::move(ne), expected, 0, nullptr, {},
-                  std::move(producer)};
+  PendingTensor t{std::move(name), type, std::move(ne),      expected, 0,
+                  nullptr,         {},   std::move(producer)};
   return Add(std::move(t));
 }
 
@@ -116,10 +116,10 @@ Result<uint32_t> GgufWriter::Alignment() const {
   if (it == kv_index_.end()) return GgufFile::kDefaultAlignment;
   const GgufValue& v = kvs_[it->second].value;
   auto a = v.AsUint();
-  if (!a || *a == 0 || !std::has_single_bit(*a) ||
-      *a > (uint64_t{1} << 31)) {
-    return Status::InvalidArgument("general.alignment must be an unsigned power of two <= 2^31, got " +
-                                   std::string(GgufTypeName(v.type())) + " " + v.Render());
+  if (!a || *a == 0 || !std::has_single_bit(*a) || *a > (uint64_t{1} << 31)) {
+    return Status::InvalidArgument(
+        "general.alignment must be an unsigned power of two <= 2^31, got " +
+        std::string(GgufTypeName(v.type())) + " " + v.Render());
   }
   return static_cast<uint32_t>(*a);
 }

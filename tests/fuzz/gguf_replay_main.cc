@@ -89,11 +89,15 @@ Status WriteSeeds(const std::string& dir, const char* model) {
   GgufWriter tensors;
   tensors.SetString("general.architecture", "llama");
   std::vector<std::vector<uint8_t>> bufs;
-  struct T { const char* name; DType type; std::vector<int64_t> ne; };
-  const T kTensors[] = {{"f32", DType::kF32, {4, 2}},    {"f16", DType::kF16, {3}},
+  struct T {
+    const char* name;
+    DType type;
+    std::vector<int64_t> ne;
+  };
+  const T kTensors[] = {{"f32", DType::kF32, {4, 2}},      {"f16", DType::kF16, {3}},
                         {"bf16", DType::kBF16, {2, 1, 2}}, {"q4_0", DType::kQ4_0, {32}},
-                        {"q8_0", DType::kQ8_0, {64}},    {"q4_k", DType::kQ4_K, {256}},
-                        {"q5_k", DType::kQ5_K, {256}},   {"q6_k", DType::kQ6_K, {256, 1, 1, 1}}};
+                        {"q8_0", DType::kQ8_0, {64}},      {"q4_k", DType::kQ4_K, {256}},
+                        {"q5_k", DType::kQ5_K, {256}},     {"q6_k", DType::kQ6_K, {256, 1, 1, 1}}};
   for (const T& t : kTensors) {
     int64_t n = 1;
     for (int64_t d : t.ne) n *= d;
@@ -111,8 +115,10 @@ Status WriteSeeds(const std::string& dir, const char* model) {
     GgufWriter real;
     for (const auto& kv : f->metadata()) real.SetValue(kv.key, kv.value);
     const auto w = Bytes(64 * 4, 3);
-    STRATA_RETURN_IF_ERROR(real.AddTensor("token_embd.weight", DType::kF32, {64}, w.data(), w.size()));
-    STRATA_RETURN_IF_ERROR(real.AddTensor("output_norm.weight", DType::kF32, {64}, w.data(), w.size()));
+    STRATA_RETURN_IF_ERROR(
+        real.AddTensor("token_embd.weight", DType::kF32, {64}, w.data(), w.size()));
+    STRATA_RETURN_IF_ERROR(
+        real.AddTensor("output_norm.weight", DType::kF32, {64}, w.data(), w.size()));
     STRATA_RETURN_IF_ERROR(real.Write(dir + "/model_metadata.gguf"));
   }
   return Status::Ok();

@@ -88,7 +88,7 @@ TEST_P(KernelsTest, ExpIsAccurateOverTheFloatRange) {
     const double ref = std::exp(static_cast<double>(x[i]));
     worst = std::max(worst, std::abs(y[i] - ref) / ref);
   }
-  EXPECT_LE(worst, 1e-6);
+  EXPECT_LE(worst, 3e-7);  // measured: 1.4 ulp (8.2e-8)
   EXPECT_EQ(y[x.size() - 8], 1.0f);  // exp(0)
 
   const float special[] = {-kInf, kInf, std::nanf(""), 100.0f, -200.0f, -100.0f, 1e30f, -1e30f};

@@ -135,8 +135,7 @@ TEST_F(GgufTest, RoundTripsEveryValueType) {
   // Nested arrays, with different element types per sub-array, 3 levels deep.
   GgufValue inner = GgufValue::ArrayOfArrays(
       {GgufValue::StringArray({"x"}), GgufValue::NumericArray<float>(f32s)});
-  w.SetValue("t.nested",
-             GgufValue::ArrayOfArrays({inner, GgufValue::NumericArray<int32_t>(i32s)}));
+  w.SetValue("t.nested", GgufValue::ArrayOfArrays({inner, GgufValue::NumericArray<int32_t>(i32s)}));
 
   const std::string path = Path("values.gguf");
   ASSERT_TRUE(w.Write(path).ok());
@@ -303,9 +302,9 @@ TEST_F(GgufTest, RoundTripsTensorsOfSeveralTypesAndShapes) {
   w.SetString("general.architecture", "test");
   for (size_t i = 0; i < cases.size(); ++i) {
     data.push_back(Pattern(cases[i].nbytes, static_cast<uint8_t>(i)));
-    ASSERT_TRUE(w.AddTensor(cases[i].name, cases[i].type, cases[i].ne, data[i].data(),
-                            data[i].size())
-                    .ok());
+    ASSERT_TRUE(
+        w.AddTensor(cases[i].name, cases[i].type, cases[i].ne, data[i].data(), data[i].size())
+            .ok());
   }
   // Owned and produced tensors stream the same way.
   ASSERT_TRUE(w.AddTensorOwned("w.owned", DType::kF32, {3}, Pattern(12, 9)).ok());
@@ -313,7 +312,8 @@ TEST_F(GgufTest, RoundTripsTensorsOfSeveralTypesAndShapes) {
   ASSERT_TRUE(w.AddTensorProduced("w.produced", DType::kF32, {32, 32},
                                   [&](const GgufWriter::Sink& sink) -> Status {
                                     for (size_t off = 0; off < produced.size(); off += 1000) {
-                                      const size_t n = std::min<size_t>(1000, produced.size() - off);
+                                      const size_t n =
+                                          std::min<size_t>(1000, produced.size() - off);
                                       STRATA_RETURN_IF_ERROR(sink(produced.data() + off, n));
                                     }
                                     return Status::Ok();
@@ -388,8 +388,8 @@ TEST_F(GgufTest, WriterRejectsBadTensorsAndKeepsKeyPositions) {
   EXPECT_FALSE(w.AddTensor("u", DType::kF32, {1, 1, 1, 1, 1}, buf.data(), 4).ok());
   EXPECT_FALSE(w.AddTensor("u", DType::kF32, {}, buf.data(), 0).ok());
   EXPECT_FALSE(w.AddTensor("u", DType::kF32, {4, 0}, buf.data(), 0).ok());
-  EXPECT_FALSE(w.AddTensor("u", DType::kF32, {int64_t{1} << 40, int64_t{1} << 40}, buf.data(), 0)
-                   .ok());
+  EXPECT_FALSE(
+      w.AddTensor("u", DType::kF32, {int64_t{1} << 40, int64_t{1} << 40}, buf.data(), 0).ok());
   EXPECT_EQ(w.tensor_count(), 1u);
 
   w.SetU32("first", 1);
@@ -405,12 +405,11 @@ TEST_F(GgufTest, WriterRejectsBadTensorsAndKeepsKeyPositions) {
 
 TEST_F(GgufTest, FailedWriteLeavesNoFile) {
   GgufWriter w;
-  ASSERT_TRUE(w.AddTensorProduced("short", DType::kF32, {4},
-                                  [](const GgufWriter::Sink& sink) -> Status {
-                                    const float x[2] = {1, 2};
-                                    return sink(x, sizeof x);  // 8 of 16 bytes
-                                  })
-                  .ok());
+  ASSERT_TRUE(
+      w.AddTensorProduced("short", DType::kF32, {4}, [](const GgufWriter::Sink& sink) -> Status {
+         const float x[2] = {1, 2};
+         return sink(x, sizeof x);  // 8 of 16 bytes
+       }).ok());
   const std::string path = Path("short.gguf");
   Status st = w.Write(path);
   EXPECT_FALSE(st.ok());
@@ -456,8 +455,8 @@ TEST_F(GgufTest, ReadsStories260K) {
 
   // The converter's tensor order: embeddings, output, then 9 per layer.
   std::vector<std::string> names = {"token_embd.weight", "output_norm.weight", "output.weight"};
-  const char* kLayer[] = {"attn_q",    "attn_k",    "attn_v",  "attn_output", "attn_norm",
-                          "ffn_gate",  "ffn_down",  "ffn_up",  "ffn_norm"};
+  const char* kLayer[] = {"attn_q",   "attn_k",   "attn_v", "attn_output", "attn_norm",
+                          "ffn_gate", "ffn_down", "ffn_up", "ffn_norm"};
   for (int l = 0; l < 5; ++l) {
     for (const char* n : kLayer) names.push_back("blk." + std::to_string(l) + "." + n + ".weight");
   }
@@ -480,7 +479,8 @@ TEST_F(GgufTest, ReadsStories260K) {
   // Our writer reproduces llama.cpp's file byte for byte.
   GgufWriter w;
   for (const auto& kv : f.metadata()) w.SetValue(kv.key, kv.value);
-  for (const auto& t : f.tensors()) ASSERT_TRUE(w.AddTensor(t.name, t.type, t.ne, t.data, t.nbytes).ok());
+  for (const auto& t : f.tensors())
+    ASSERT_TRUE(w.AddTensor(t.name, t.type, t.ne, t.data, t.nbytes).ok());
   auto bytes = w.WriteToString();
   ASSERT_TRUE(bytes.ok());
   ASSERT_EQ(bytes->size(), f.size());
@@ -522,10 +522,9 @@ TEST(GgufMalformedTest, EveryTruncationIsAnError) {
     ASSERT_FALSE(r.ok()) << "prefix of " << n << " bytes parsed";
     EXPECT_EQ(r.error().code(), StatusCode::kCorrupt) << r.error().ToString();
     const std::string& m = r.error().message();
-    EXPECT_TRUE(m.find("truncated") != std::string::npos ||
-                m.find("past the end") != std::string::npos ||
-                m.find("impossible") != std::string::npos ||
-                m.find("needs at least") != std::string::npos)
+    EXPECT_TRUE(
+        m.find("truncated") != std::string::npos || m.find("past the end") != std::string::npos ||
+        m.find("impossible") != std::string::npos || m.find("needs at least") != std::string::npos)
         << n << ": " << m;
   }
 }
@@ -560,8 +559,9 @@ TEST(GgufMalformedTest, MetadataErrors) {
                    "key 'k' has unknown value type id 13");
   ExpectParseError(RawGguf().Header(0, 1).Str("arr").U32(9).U32(99).U64(0).str(),
                    StatusCode::kCorrupt, "unknown element type id 99");
-  ExpectParseError(RawGguf().Header(0, 1).Str("arr").U32(9).U32(4).U64(uint64_t{1} << 61).Zeros(64).str(),
-                   StatusCode::kCorrupt, "array of 2305843009213693952 u32 elements");
+  ExpectParseError(
+      RawGguf().Header(0, 1).Str("arr").U32(9).U32(4).U64(uint64_t{1} << 61).Zeros(64).str(),
+      StatusCode::kCorrupt, "array of 2305843009213693952 u32 elements");
   ExpectParseError(RawGguf().Header(0, 1).Str("arr").U32(9).U32(8).U64(1000).Zeros(64).str(),
                    StatusCode::kCorrupt, "key 'arr': array of 1000 string elements");
   ExpectParseError(RawGguf().Header(0, 1).Str("general.alignment").U32(4).U32(48).str(),
@@ -569,7 +569,8 @@ TEST(GgufMalformedTest, MetadataErrors) {
   ExpectParseError(RawGguf().Header(0, 1).Str("general.alignment").U32(4).U32(0).str(),
                    StatusCode::kCorrupt, "general.alignment 0");
   ExpectParseError(RawGguf().Header(0, 1).Str("general.alignment").U32(8).Str("32").str(),
-                   StatusCode::kCorrupt, "general.alignment must be an unsigned integer, got string");
+                   StatusCode::kCorrupt,
+                   "general.alignment must be an unsigned integer, got string");
 
   // Arrays nested kMaxArrayDepth deep are fine; one more level is rejected.
   auto nest = [](int depth) {
@@ -590,7 +591,12 @@ TEST(GgufMalformedTest, MetadataErrors) {
 // One f32 {8} tensor (32 bytes) named `name` at `offset`, type `type`.
 std::string OneTensor(std::vector<uint64_t> ne, uint32_t type, uint64_t offset,
                       size_t data_bytes = 32) {
-  return RawGguf().Header(1, 0).Tensor("w", std::move(ne), type, offset).Align().Zeros(data_bytes).str();
+  return RawGguf()
+      .Header(1, 0)
+      .Tensor("w", std::move(ne), type, offset)
+      .Align()
+      .Zeros(data_bytes)
+      .str();
 }
 
 TEST(GgufMalformedTest, TensorErrors) {
@@ -604,8 +610,10 @@ TEST(GgufMalformedTest, TensorErrors) {
                    "tensor 'w': data offset 4 is not aligned to 32");
   ExpectParseError(OneTensor({8}, 6, 0), StatusCode::kUnsupported,
                    "tensor 'w' has type id 6 (ggml 'q5_0'), which Strata does not support");
-  ExpectParseError(OneTensor({8}, 1000, 0), StatusCode::kUnsupported, "type id 1000 (ggml 'unknown')");
-  ExpectParseError(OneTensor({}, 0, 0), StatusCode::kCorrupt, "tensor 'w': n_dims 0 is outside 1..4");
+  ExpectParseError(OneTensor({8}, 1000, 0), StatusCode::kUnsupported,
+                   "type id 1000 (ggml 'unknown')");
+  ExpectParseError(OneTensor({}, 0, 0), StatusCode::kCorrupt,
+                   "tensor 'w': n_dims 0 is outside 1..4");
   ExpectParseError(OneTensor({1, 1, 1, 1, 8}, 0, 0), StatusCode::kCorrupt, "n_dims 5");
   ExpectParseError(OneTensor({8, 0}, 0, 0), StatusCode::kCorrupt,
                    "tensor 'w': dimension 1 is 0 (must be positive)");
@@ -616,14 +624,9 @@ TEST(GgufMalformedTest, TensorErrors) {
                    "byte size overflows");
   ExpectParseError(OneTensor({33}, 8, 0), StatusCode::kCorrupt,
                    "row length 33 is not a multiple of the q8_0 block size 32");
-  ExpectParseError(RawGguf()
-                       .Header(2, 0)
-                       .Tensor("w", {8}, 0, 0)
-                       .Tensor("w", {8}, 0, 32)
-                       .Align()
-                       .Zeros(64)
-                       .str(),
-                   StatusCode::kCorrupt, "duplicate tensor 'w'");
+  ExpectParseError(
+      RawGguf().Header(2, 0).Tensor("w", {8}, 0, 0).Tensor("w", {8}, 0, 32).Align().Zeros(64).str(),
+      StatusCode::kCorrupt, "duplicate tensor 'w'");
   ExpectParseError(RawGguf().Header(1, 0).U64(1000).Bytes("w").Zeros(40).str(),
                    StatusCode::kCorrupt, "string length 1000 at offset 24 (name of tensor 0)");
   // Alignment from metadata governs both the offsets and the data section.

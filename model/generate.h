@@ -1,0 +1,67 @@
+#pragma once
+// Generation of one sequence: prefill, then sample and decode token by token
+// until a stop condition. Used by `strata generate`; the serving engine loop
+// batches many sequences with the same pieces (ForwardEngine, Sampler,
+// StopMatcher).
+
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "model/forward.h"
+#include "model/sampler.h"
+#include "model/tokenizer/tokenizer.h"
+
+namespace strata {
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int max_tokens = -1;             // -1 = the rest of the context
+  std::vector<std::string> stop;   // stop strings (not included in the text)
+  std::vector<int32_t> stop_token_ids;  // in addition to the tokenizer's end-of-generation tokens
+  bool ignore_eos = false;         // keep going past end-of-generation tokens
+  int prefill_chunk = 512;         // prompt tokens per forward call
+};
+
+struct GenerateOutput {
+  std::vector<int32_t> tokens;       // generated ids (a stop token is included, a stop string's tokens too)
+  std::string text;                  // detokenized, cut before a stop string, without the EOS text
+  std::string finish_reason;         // "stop" | "length"
+  std::vector<SampleResult> samples; // per generated token: logprob and top alternatives
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// Checks prompt and max_tokens against the context length; the message says
+// both numbers. Returns the effective max_tokens.
+Result<int> ResolveMaxTokens(int prompt_tokens, int max_tokens, int context_length);
+
+// Generates with `engine`'s KV blocks [0, n) for the sequence. `on_text` gets
+// text as soon as it is final (complete UTF-8, not part of a possible stop
+// string). REQUIRES: engine has enough blocks for prompt + max_tokens.
+Result<GenerateOutput> Generate(ForwardEngine& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                                const GenerateOptions& options,
+                                const std::function<void(std::string_view)>& on_text = nullptr);
+
+// Incremental stop-string detection over streamed text. Push() appends text
+// and returns what can be released; once a stop string appears, stopped() is
+// true and nothing after it is ever released.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  std::string Push(std::string_view text);
+  // Releases what is held back (call at the end when no stop string hit).
+  std::string Flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  size_t max_len_ = 0;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace strata

@@ -1,0 +1,216 @@
+// strata model info | synth: inspect model files; write synthetic models.
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/logging.h"
+#include "common/mapped_file.h"
+#include "model/gguf.h"
+#include "model/gguf_export.h"
+#include "model/gguf_tokenizer.h"
+#include "model/hf_writer.h"
+#include "model/model_loader.h"
+#include "model/synth.h"
+#include "tools/commands.h"
+
+namespace strata::cli {
+
+namespace {
+
+int Fail(const char* cmd, const Status& s) {
+  std::fprintf(stderr, "strata model %s: %s\n", cmd, s.message().c_str());
+  return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+const char* RopeStyleName(RopeStyle s) { return s == RopeStyle::kNeox ? "neox (halves)" : "interleaved (pairs)"; }
+
+int RunInfo(const std::string& path, bool json) {
+  auto loaded = LoadModel(path);
+  if (!loaded) return Fail("info", loaded.error());
+  const LoadedModel& m = **loaded;
+  const ModelConfig& c = m.weights.config;
+  // Parameters and bytes per tensor type.
+  std::map<std::string, std::pair<int64_t, int64_t>> by_type;  // type -> (tensors, params)
+  int64_t params = 0, bytes = 0;
+  auto add = [&](const Tensor& t) {
+    if (!t.present()) return;
+    auto& e = by_type[std::string(DTypeName(t.type))];
+    e.first += 1;
+    e.second += t.elements();
+    params += t.elements();
+    bytes += static_cast<int64_t>(t.nbytes);
+  };
+  add(m.weights.tok_embd);
+  add(m.weights.output_norm);
+  if (!c.tied_embeddings) add(m.weights.output);
+  for (const auto& l : m.weights.layers)
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.ffn_norm, &l.w_gate,
+                            &l.w_up, &l.w_down})
+      add(*t);
+  const Tokenizer& tok = *m.tokenizer;
+  const char* scaling = c.rope_scaling.type == RopeScaling::Type::kNone     ? "none"
+                        : c.rope_scaling.type == RopeScaling::Type::kLinear ? "linear"
+                                                                            : "llama3";
+  if (json) {
+    nlohmann::json j;
+    j["id"] = m.id;
+    j["path"] = m.path;
+    j["format"] = m.format;
+    j["synthetic"] = m.synthetic;
+    j["digest"] = m.weights.digest;
+    j["architecture"] = {{"arch", c.arch},
+                         {"name", c.name},
+                         {"vocab_size", c.vocab_size},
+                         {"dim", c.dim},
+                         {"layers", c.n_layers},
+                         {"heads", c.n_heads},
+                         {"kv_heads", c.n_kv_heads},
+                         {"head_dim", c.head_dim},
+                         {"ffn_dim", c.ffn_dim},
+                         {"context_length", c.context_length},
+                         {"rms_eps", c.rms_eps},
+                         {"rope_theta", c.rope_theta},
+                         {"rope_style", c.rope_style == RopeStyle::kNeox ? "neox" : "interleaved"},
+                         {"rope_scaling", scaling},
+                         {"rope_scaling_factor", c.rope_scaling.factor},
+                         {"tied_embeddings", c.tied_embeddings},
+                         {"qkv_bias", c.qkv_bias}};
+    j["parameters"] = params;
+    j["weight_bytes"] = bytes;
+    nlohmann::json types = nlohmann::json::object();
+    for (const auto& [t, e] : by_type) types[t] = {{"tensors", e.first}, {"parameters", e.second}};
+    j["tensor_types"] = types;
+    j["tokenizer"] = {{"model", tok.spec().model},
+                      {"pre", tok.spec().pre},
+                      {"vocab_size", tok.vocab_size()},
+                      {"bos_id", tok.bos_id()},
+                      {"eos_id", tok.eos_id()},
+                      {"add_bos", tok.add_bos()},
+                      {"eog_ids", tok.spec().eog_ids},
+                      {"chat_template", std::string(ChatTemplateFamilyName(m.chat_family))}};
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  std::printf("model          %s%s\n", m.id.c_str(), m.synthetic ? "  (SYNTHETIC: random weights)" : "");
+  std::printf("path           %s (%s)\n", m.path.c_str(), m.format.c_str());
+  std::printf("digest         %s\n", m.weights.digest.c_str());
+  std::printf("architecture   %s%s%s\n", c.arch.c_str(), c.name.empty() ? "" : "  name: ", c.name.c_str());
+  std::printf("shapes         dim %d, layers %d, heads %d, kv heads %d, head dim %d, ffn %d, vocab %d\n", c.dim,
+              c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size);
+  std::printf("context        %d tokens; RoPE theta %g, %s, scaling %s (factor %g)\n", c.context_length,
+              c.rope_theta, RopeStyleName(c.rope_style), scaling, c.rope_scaling.factor);
+  std::printf("norm           RMSNorm eps %g; embeddings %s; qkv bias %s\n", c.rms_eps,
+              c.tied_embeddings ? "tied" : "untied", c.qkv_bias ? "yes" : "no");
+  std::printf("parameters     %lld (%.1f MiB of weights)\n", static_cast<long long>(params), bytes / 1048576.0);
+  for (const auto& [t, e] : by_type)
+    std::printf("  %-6s       %lld tensors, %lld parameters\n", t.c_str(), static_cast<long long>(e.first),
+                static_cast<long long>(e.second));
+  std::printf("tokenizer      %s%s%s, %d tokens, bos %d, eos %d, add_bos %s\n", tok.spec().model.c_str(),
+              tok.spec().pre.empty() ? "" : " pre=", tok.spec().pre.c_str(), tok.vocab_size(), tok.bos_id(),
+              tok.eos_id(), tok.add_bos() ? "yes" : "no");
+  std::printf("chat template  %s\n", std::string(ChatTemplateFamilyName(m.chat_family)).c_str());
+  if (m.format == "gguf") {
+    auto f = GgufFile::Open(path);
+    if (f) {
+      std::printf("metadata (GGUF v%u, %zu keys, %zu tensors)\n", (*f)->version(), (*f)->metadata().size(),
+                  (*f)->tensors().size());
+      for (const auto& k : (*f)->ListKeys())
+        std::printf("  %-44s %-14s %s\n", k.key.c_str(), k.type.c_str(), k.rendered.c_str());
+    }
+  }
+  return 0;
+}
+
+struct SynthFlags {
+  std::string preset, out, dtype = "f32", vocab_from, format = "gguf";
+  uint64_t seed = 1;
+};
+
+Result<TokenizerSpec> VocabFrom(const std::string& path) {
+  std::error_code ec;
+  if (path.ends_with(".json")) {
+    STRATA_ASSIGN_OR_RETURN(std::string tj, ReadFileToString(path));
+    std::string cfg;
+    auto cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+    if (std::filesystem::exists(cfg_path, ec)) {
+      STRATA_ASSIGN_OR_RETURN(cfg, ReadFileToString(cfg_path.string()));
+    }
+    return TokenizerSpecFromHfJson(tj, cfg);
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(path));
+  return TokenizerSpecFromGguf(*f);
+}
+
+int RunSynth(const SynthFlags& f) {
+  auto dtype = DTypeFromName(f.dtype);
+  if (!dtype) return Fail("synth", Status::InvalidArgument("unknown --dtype '" + f.dtype + "'"));
+  TokenizerSpec vocab;
+  int vocab_size = 0;
+  if (!f.vocab_from.empty()) {
+    auto v = VocabFrom(f.vocab_from);
+    if (!v) return Fail("synth", v.error().WithContext("--vocab-from " + f.vocab_from));
+    vocab = std::move(*v);
+    vocab_size = static_cast<int>(vocab.tokens.size());
+  }
+  auto config = SynthPresetConfig(f.preset, vocab_size);
+  if (!config) return Fail("synth", config.error());
+  if (f.vocab_from.empty()) vocab = SyntheticVocab(config->vocab_size);
+  SynthOptions opt;
+  opt.dtype = *dtype;
+  opt.seed = f.seed;
+  if (f.format == "gguf") {
+    Status s = WriteSyntheticGguf(*config, vocab, opt, f.out);
+    if (!s.ok()) return Fail("synth", s);
+  } else {
+    if (IsQuantized(*dtype))
+      return Fail("synth", Status::InvalidArgument("--format hf supports f32, f16 and bf16 weights, not " + f.dtype));
+    auto w = MakeSyntheticWeights(*config, opt);
+    if (!w) return Fail("synth", w.error());
+    w->config.name += "-random-weights";
+    auto tj = TokenizerSpecToHfTokenizerJson(vocab);
+    if (!tj) return Fail("synth", tj.error());
+    auto cj = TokenizerSpecToHfConfigJson(vocab);
+    if (!cj) return Fail("synth", cj.error());
+    Status s = WriteHfModel(f.out, *w, *tj, *cj);
+    if (!s.ok()) return Fail("synth", s);
+  }
+  STRATA_LOG_INFO("wrote synthetic {} model '{}' ({}, {} weights, RANDOM values, seed {}) to {}", f.preset,
+                  config->name, f.format, f.dtype, f.seed, f.out);
+  return 0;
+}
+
+}  // namespace
+
+void RegisterModel(CLI::App& app, int* exit_code) {
+  CLI::App* model = app.add_subcommand("model", "inspect model files; write synthetic models");
+  model->require_subcommand(1);
+
+  auto path = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  CLI::App* info = model->add_subcommand("info", "print architecture, shapes, tensor types and tokenizer");
+  info->add_option("path", *path, "GGUF file or Hugging Face directory")->required();
+  info->add_flag("--json", *json, "print one JSON object");
+  info->callback([path, json, exit_code] { *exit_code = RunInfo(*path, *json); });
+
+  auto sf = std::make_shared<SynthFlags>();
+  CLI::App* synth = model->add_subcommand("synth", "write a model with random weights and a real model's shapes");
+  std::string presets;
+  for (const auto& p : SynthPresetNames()) presets += (presets.empty() ? "" : ", ") + p;
+  synth->add_option("--preset", sf->preset, "shape preset: " + presets)->required()->check(CLI::IsMember(SynthPresetNames()));
+  synth->add_option("--out", sf->out, "output GGUF file (or directory with --format hf)")->required();
+  synth->add_option("--dtype", sf->dtype, "weight type: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}))
+      ->capture_default_str();
+  synth->add_option("--vocab-from", sf->vocab_from, "take the vocabulary from a GGUF file or a tokenizer.json");
+  synth->add_option("--seed", sf->seed, "random seed")->capture_default_str();
+  synth->add_option("--format", sf->format, "gguf or hf (Hugging Face directory)")
+      ->check(CLI::IsMember({"gguf", "hf"}))
+      ->capture_default_str();
+  synth->callback([sf, exit_code] { *exit_code = RunSynth(*sf); });
+}
+
+}  // namespace strata::cli

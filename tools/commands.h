@@ -1,0 +1,25 @@
+#pragma once
+// Subcommands of the `strata` executable. Each Register* adds its CLI11
+// subcommand and the callback that runs it; the callback stores the process
+// exit code in *exit_code.
+
+#include <CLI/CLI.hpp>
+
+namespace strata::cli {
+
+void RegisterGenerate(CLI::App& app, int* exit_code);
+void RegisterModel(CLI::App& app, int* exit_code);
+
+// Options shared by every command that runs the model.
+struct EngineFlags {
+  std::string config_path;
+  int kv_block_size = 16;
+  std::string kv_dtype = "f16";
+  int threads = 0;  // 0 = all hardware threads
+  std::string chat_template;
+};
+void AddEngineFlags(CLI::App* cmd, EngineFlags* f);
+// Applies the YAML config (if any) under the flags the user did not set.
+bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, std::string* error);
+
+}  // namespace strata::cli
