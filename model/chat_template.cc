@@ -150,7 +150,8 @@ std::string_view RstripNewlines(std::string_view s) {
 // ---- Validation --------------------------------------------------------------
 
 Result<std::vector<Role>> ParseRoles(const std::vector<ChatMessage>& messages) {
-  if (messages.empty()) return Status::InvalidArgument("chat template: the conversation has no messages");
+  if (messages.empty())
+    return Status::InvalidArgument("chat template: the conversation has no messages");
   std::vector<Role> roles;
   roles.reserve(messages.size());
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -231,7 +232,8 @@ void AppendLlama3Turn(std::string& out, std::string_view role, std::string_view 
   out += "<|eot_id|>";
 }
 
-constexpr std::string_view kLlama3AssistantHeader = "<|start_header_id|>assistant<|end_header_id|>\n\n";
+constexpr std::string_view kLlama3AssistantHeader =
+    "<|start_header_id|>assistant<|end_header_id|>\n\n";
 
 std::string RenderLlama3(const std::vector<ChatMessage>& messages, const ChatRenderOptions& opt,
                          bool always_generation_prompt) {
@@ -253,7 +255,8 @@ std::string TodayDateString() {
 std::string RenderLlama31(const std::vector<ChatMessage>& messages, const std::vector<Role>& roles,
                           const ChatRenderOptions& opt, bool default_date_is_today) {
   std::string date = opt.date_string;
-  if (date.empty()) date = default_date_is_today ? TodayDateString() : std::string(kLlama31DefaultDate);
+  if (date.empty())
+    date = default_date_is_today ? TodayDateString() : std::string(kLlama31DefaultDate);
   const bool has_system = roles[0] == Role::kSystem;
   std::string out = opt.bos_token;
   out += "<|start_header_id|>system<|end_header_id|>\n\n";

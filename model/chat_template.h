@@ -17,7 +17,14 @@
 // special-token parsing and must NOT add another BOS. ChatML/Qwen templates
 // write no BOS, and neither do we.
 //
-// All functions are pure and thread-safe.
+// Whitespace trimming (Jinja's `trim`, Python's str.strip) follows Python's
+// rules, since the real templates run under Python's Jinja.
+//
+// Message content is inserted verbatim, as the templates do: text such as
+// "<|im_end|>" inside a user message is indistinguishable from the template's
+// own markers once rendered.
+//
+// All functions are pure and thread-safe (kLlama32 reads the clock).
 
 #include <optional>
 #include <string>
@@ -32,22 +39,22 @@ namespace strata {
 // One concrete prompt format. Several entries belong to one model family when
 // that family's real templates disagree on details a model is sensitive to.
 enum class ChatTemplateFamily {
-  kPlain,          // "plain": Strata's own fallback for models without a known template
-  kLlama2,         // "llama2": Llama-2-chat ([INST] <<SYS>> ... [/INST])
-  kLlama3,         // "llama3": Meta-Llama-3-Instruct, honours add_generation_prompt
-  kLlama3Legacy,   // "llama3-legacy": first Llama-3-Instruct template, which writes the
-                   //   assistant header even when add_generation_prompt is false
-  kLlama31,        // "llama3.1": Llama-3.1/3.3 system header with knowledge cutoff and
-                   //   "Today Date" (default "26 Jul 2024")
-  kLlama32,        // "llama3.2": as llama3.1, but the default date is today (local time)
-  kChatML,         // "chatml": <|im_start|>role ... <|im_end|>, no default system message
-  kQwen2,          // "qwen2": ChatML with default system "You are a helpful assistant."
-  kQwen25,         // "qwen2.5": ChatML with default system "You are Qwen, created by ..."
-  kQwen3,          // "qwen3": ChatML with Qwen3's <think> handling of assistant turns
-  kMistralV1,      // "mistral-v0.1": [INST] u [/INST]a</s> + space; no system role
-  kMistralV2,      // "mistral-v0.2": [INST] u [/INST]a</s>; no system role (also Mixtral)
-  kMistralV3,      // "mistral-v0.3": [INST] u[/INST] a</s>; system joins the last user turn
-  kMistralNemo,    // "mistral-nemo": [INST]u[/INST]a</s>; system joins the last user turn
+  kPlain,         // "plain": Strata's own fallback for models without a known template
+  kLlama2,        // "llama2": Llama-2-chat ([INST] <<SYS>> ... [/INST])
+  kLlama3,        // "llama3": Meta-Llama-3-Instruct, honours add_generation_prompt
+  kLlama3Legacy,  // "llama3-legacy": first Llama-3-Instruct template, which writes the
+                  //   assistant header even when add_generation_prompt is false
+  kLlama31,       // "llama3.1": Llama-3.1/3.3 system header with knowledge cutoff and
+                  //   "Today Date" (default "26 Jul 2024")
+  kLlama32,       // "llama3.2": as llama3.1, but the default date is today (local time)
+  kChatML,        // "chatml": <|im_start|>role ... <|im_end|>, no default system message
+  kQwen2,         // "qwen2": ChatML with default system "You are a helpful assistant."
+  kQwen25,        // "qwen2.5": ChatML with default system "You are Qwen, created by ..."
+  kQwen3,         // "qwen3": ChatML with Qwen3's <think> handling of assistant turns
+  kMistralV1,     // "mistral-v0.1": [INST] u [/INST]a</s> + space; no system role
+  kMistralV2,     // "mistral-v0.2": [INST] u [/INST]a</s>; no system role (also Mixtral)
+  kMistralV3,     // "mistral-v0.3": [INST] u[/INST] a</s>; system joins the last user turn
+  kMistralNemo,   // "mistral-nemo": [INST]u[/INST]a</s>; system joins the last user turn
 };
 
 // The canonical name, as accepted by --chat-template: "llama3.1", "mistral-v0.3", ...

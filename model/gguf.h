@@ -6,8 +6,9 @@
 // `alignment`, then the tensor data section. Offsets in tensor infos are
 // relative to the start of the data section.
 //
-// Every malformed input yields a Status (never a crash, never an allocation
-// the input size does not justify) whose message names the origin, the byte
+// Every malformed input yields a Status (never a crash; every count is checked
+// against the bytes left before anything is reserved, so memory stays within
+// a small multiple of the input size) whose message names the origin, the byte
 // offset, and the key or tensor involved. Codes: kCorrupt for format
 // violations and truncation, kUnsupported for valid GGUF that Strata cannot
 // use (version 1, big-endian files, tensor types DType does not cover).

@@ -69,13 +69,15 @@ Result<std::optional<std::string>> OptString(const json& j, std::string_view key
 }
 
 Result<int> ToInt(std::string_view key, int64_t v) {
-  if (v < INT_MIN || v > INT_MAX) return BadKey(key, "value " + std::to_string(v) + " is out of range");
+  if (v < INT_MIN || v > INT_MAX)
+    return BadKey(key, "value " + std::to_string(v) + " is out of range");
   return static_cast<int>(v);
 }
 
 Result<int> RequireInt(const json& j, std::string_view key) {
   STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> v, OptInt(j, key));
-  if (!v) return Status::NotFound("config.json: required key '" + std::string(key) + "' is missing");
+  if (!v)
+    return Status::NotFound("config.json: required key '" + std::string(key) + "' is missing");
   return ToInt(key, *v);
 }
 
@@ -157,7 +159,8 @@ Result<RopeScaling> ParseRopeScaling(const json& s, std::string_view key) {
     r.factor = static_cast<float>(f);
     r.low_freq_factor = static_cast<float>(lo);
     r.high_freq_factor = static_cast<float>(hi);
-    if (!(orig >= 1 && orig <= INT_MAX)) return BadKey(key, "original_max_position_embeddings out of range");
+    if (!(orig >= 1 && orig <= INT_MAX))
+      return BadKey(key, "original_max_position_embeddings out of range");
     r.original_context = static_cast<int>(orig);
     return r;
   }
@@ -179,7 +182,8 @@ Result<HfConfig> ParseConfigJson(const json& j) {
   STRATA_ASSIGN_OR_RETURN(c.arch, ParseArch(j));
 
   if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
-    std::string method = q->is_object() && q->contains("quant_method") ? q->at("quant_method").dump() : "?";
+    std::string method =
+        q->is_object() && q->contains("quant_method") ? q->at("quant_method").dump() : "?";
     return Status::Unsupported("config.json: quantized checkpoints (quant_method " + method +
                                ") are not supported");
   }
@@ -405,8 +409,7 @@ Status LoadTensors(TensorSource& src, const HfConfig& h, ModelWeights& w) {
 
 Result<HfModel> LoadHfModelImpl(const std::string& dir) {
   const std::string config_path = JoinPath(dir, "config.json");
-  if (!FileExists(config_path))
-    return Status::NotFound("config.json not found in '" + dir + "'");
+  if (!FileExists(config_path)) return Status::NotFound("config.json not found in '" + dir + "'");
   STRATA_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
   json j = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::Corrupt("'" + config_path + "' is not valid JSON");

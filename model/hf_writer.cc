@@ -136,7 +136,8 @@ Result<ModelConfig> ResolveFreqFactors(const ModelConfig& in) {
   if (in.rope_freq_factors.empty()) return in;
   const size_t half = static_cast<size_t>(in.head_dim / 2);
   if (in.rope_freq_factors.size() != half)
-    return Status::InvalidArgument("rope_freq_factors has " + std::to_string(in.rope_freq_factors.size()) +
+    return Status::InvalidArgument("rope_freq_factors has " +
+                                   std::to_string(in.rope_freq_factors.size()) +
                                    " entries, expected head_dim/2 = " + std::to_string(half));
   std::vector<float> target(half), got(half);
   ComputeRopeInvFreq(in, target.data());
@@ -179,7 +180,8 @@ Result<ModelConfig> ResolveFreqFactors(const ModelConfig& in) {
   }
   return Status::Unsupported(
       "the RoPE frequency factors (GGUF rope_freqs.weight) do not match Llama-3 scaling with "
-      "low_freq_factor 1, high_freq_factor 4, original context 8192; config.json cannot express them");
+      "low_freq_factor 1, high_freq_factor 4, original context 8192; config.json cannot express "
+      "them");
 }
 
 }  // namespace
@@ -187,10 +189,14 @@ Result<ModelConfig> ResolveFreqFactors(const ModelConfig& in) {
 Result<std::string> MakeHfConfigJson(const ModelConfig& config, DType dtype) {
   STRATA_ASSIGN_OR_RETURN(const ModelConfig c, ResolveFreqFactors(config));
   std::string cls;
-  if (c.arch == "llama") cls = "LlamaForCausalLM";
-  else if (c.arch == "mistral") cls = "MistralForCausalLM";
-  else if (c.arch == "qwen2") cls = "Qwen2ForCausalLM";
-  else return Status::Unsupported("architecture '" + c.arch + "' has no Hugging Face equivalent here");
+  if (c.arch == "llama")
+    cls = "LlamaForCausalLM";
+  else if (c.arch == "mistral")
+    cls = "MistralForCausalLM";
+  else if (c.arch == "qwen2")
+    cls = "Qwen2ForCausalLM";
+  else
+    return Status::Unsupported("architecture '" + c.arch + "' has no Hugging Face equivalent here");
   const char* torch_dtype = dtype == DType::kF32    ? "float32"
                             : dtype == DType::kF16  ? "float16"
                             : dtype == DType::kBF16 ? "bfloat16"
@@ -219,7 +225,8 @@ Result<std::string> MakeHfConfigJson(const ModelConfig& config, DType dtype) {
         break;
       case RopeScaling::Type::kLinear:
         // "type" too, for transformers releases before "rope_type".
-        j["rope_scaling"] = {{"rope_type", "linear"}, {"type", "linear"}, {"factor", ShortDouble(s.factor)}};
+        j["rope_scaling"] = {
+            {"rope_type", "linear"}, {"type", "linear"}, {"factor", ShortDouble(s.factor)}};
         break;
       case RopeScaling::Type::kLlama3:
         j["rope_scaling"] = {{"rope_type", "llama3"},
@@ -250,7 +257,8 @@ Result<std::string> MakeHfConfigJson(const ModelConfig& config, DType dtype) {
 
 Result<std::vector<uint8_t>> PermuteInterleavedToNeox(const Tensor& t, int n_heads, int head_dim) {
   if (n_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0)
-    return Status::InvalidArgument("RoPE permutation of '" + t.name + "' needs positive heads and an even head_dim, got " +
+    return Status::InvalidArgument("RoPE permutation of '" + t.name +
+                                   "' needs positive heads and an even head_dim, got " +
                                    std::to_string(n_heads) + " x " + std::to_string(head_dim));
   if (IsQuantized(t.type))
     return Status::InvalidArgument("RoPE permutation of '" + t.name + "': quantized type " +
@@ -262,20 +270,22 @@ Result<std::vector<uint8_t>> PermuteInterleavedToNeox(const Tensor& t, int n_hea
   const int64_t nrows = is_vector ? t.ne[0] : t.rows();
   const size_t row_bytes = is_vector ? RowBytes(t.type, 1) : RowBytes(t.type, t.cols());
   if (nrows != static_cast<int64_t>(n_heads) * head_dim)
-    return Status::InvalidArgument("RoPE permutation of '" + t.name + "': " + std::to_string(nrows) +
-                                   " rows, expected " + std::to_string(n_heads) + " heads x " +
-                                   std::to_string(head_dim));
+    return Status::InvalidArgument(
+        "RoPE permutation of '" + t.name + "': " + std::to_string(nrows) + " rows, expected " +
+        std::to_string(n_heads) + " heads x " + std::to_string(head_dim));
   if (t.nbytes != static_cast<size_t>(nrows) * row_bytes)
-    return Status::InvalidArgument("RoPE permutation of '" + t.name + "': byte size does not match its shape");
+    return Status::InvalidArgument("RoPE permutation of '" + t.name +
+                                   "': byte size does not match its shape");
   std::vector<uint8_t> out(t.nbytes);
   const int half = head_dim / 2;
   for (int h = 0; h < n_heads; ++h) {
     const size_t head = static_cast<size_t>(h) * static_cast<size_t>(head_dim);
     for (int i = 0; i < half; ++i) {
       const size_t ui = static_cast<size_t>(i);
-      std::memcpy(out.data() + (head + ui) * row_bytes, t.data + (head + 2 * ui) * row_bytes, row_bytes);
-      std::memcpy(out.data() + (head + ui + half) * row_bytes, t.data + (head + 2 * ui + 1) * row_bytes,
+      std::memcpy(out.data() + (head + ui) * row_bytes, t.data + (head + 2 * ui) * row_bytes,
                   row_bytes);
+      std::memcpy(out.data() + (head + ui + half) * row_bytes,
+                  t.data + (head + 2 * ui + 1) * row_bytes, row_bytes);
     }
   }
   return out;
@@ -283,8 +293,9 @@ Result<std::vector<uint8_t>> PermuteInterleavedToNeox(const Tensor& t, int n_hea
 
 namespace {
 
-Status WriteHfModelImpl(const std::string& dir, const ModelWeights& w, std::string_view tokenizer_json,
-                        std::string_view tokenizer_config_json, size_t max_shard_bytes) {
+Status WriteHfModelImpl(const std::string& dir, const ModelWeights& w,
+                        std::string_view tokenizer_json, std::string_view tokenizer_config_json,
+                        size_t max_shard_bytes) {
   const ModelConfig& c = w.config;
   STRATA_RETURN_IF_ERROR(ValidateWeights(w));
   if (c.arch == "mistral" && c.qkv_bias)
@@ -335,7 +346,8 @@ Status WriteHfModelImpl(const std::string& dir, const ModelWeights& w, std::stri
   if (!tokenizer_json.empty())
     STRATA_RETURN_IF_ERROR(WriteText(JoinPath(dir, "tokenizer.json"), tokenizer_json));
   if (!tokenizer_config_json.empty())
-    STRATA_RETURN_IF_ERROR(WriteText(JoinPath(dir, "tokenizer_config.json"), tokenizer_config_json));
+    STRATA_RETURN_IF_ERROR(
+        WriteText(JoinPath(dir, "tokenizer_config.json"), tokenizer_config_json));
   return Status::Ok();
 }
 

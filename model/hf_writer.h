@@ -23,8 +23,8 @@ namespace strata {
 // always half-split (kNeox), see WriteHfModel. GGUF per-frequency RoPE
 // divisors (rope_freq_factors) are written as the Llama-3 rope_scaling that
 // reproduces them (low 1, high 4, original context 8192, factor solved from
-// the lowest frequency's divisor), else Unsupported. Unsupported also for an unknown arch or a dtype
-// other than F32/F16/BF16.
+// the lowest frequency's divisor), else Unsupported. Unsupported also for an unknown arch or a
+// dtype other than F32/F16/BF16.
 Result<std::string> MakeHfConfigJson(const ModelConfig& c, DType dtype);
 
 // Reorders the rows of a Q or K projection (ne = {in, n_heads * head_dim}) or

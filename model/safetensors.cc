@@ -110,7 +110,8 @@ Status SafetensorsFile::ParseHeader() {
   if (header_len > size - 8)
     return Status::Corrupt("header length " + std::to_string(header_len) +
                            " runs past the end of the file (" + std::to_string(size) + " bytes)");
-  if (header_len < 2) return Status::Corrupt("header of " + std::to_string(header_len) + " bytes is too short");
+  if (header_len < 2)
+    return Status::Corrupt("header of " + std::to_string(header_len) + " bytes is too short");
 
   const char* hdr = reinterpret_cast<const char*>(base + 8);
   json j;
@@ -168,7 +169,8 @@ Status SafetensorsFile::ParseHeader() {
     const uint64_t begin = (*off)[0].get<uint64_t>();
     const uint64_t end = (*off)[1].get<uint64_t>();
     if (begin > end)
-      return bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") are reversed");
+      return bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                 ") are reversed");
     if (end > data_size)
       return bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                  ") run past the end of the data (" + std::to_string(data_size) + " bytes)");
@@ -249,14 +251,16 @@ Status SafetensorsWriter::Write(const std::string& path) const {
     }
     header = h.dump();
   } catch (const std::exception& e) {  // e.g. a name that is not valid UTF-8
-    return Status::InvalidArgument("cannot build safetensors header for '" + path + "': " + e.what());
+    return Status::InvalidArgument("cannot build safetensors header for '" + path +
+                                   "': " + e.what());
   }
   // Pad so the data region (and with it every tensor of 4-byte-multiple size)
   // starts 8-byte aligned in the file.
   while ((8 + header.size()) % 8 != 0) header.push_back(' ');
 
   uint8_t len_le[8];
-  for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
 
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -94,7 +94,9 @@ class SafetensorsWriter {
   // order. Same errors as Add.
   Status AddTensor(const Tensor& t, std::string name = {});
   // Sets one "__metadata__" entry (Hugging Face expects {"format": "pt"}).
-  void SetMetadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+  void SetMetadata(std::string key, std::string value) {
+    metadata_[std::move(key)] = std::move(value);
+  }
 
   // Total bytes of tensor data added so far.
   uint64_t data_bytes() const { return data_bytes_; }

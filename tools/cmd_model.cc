@@ -188,6 +188,7 @@ int RunSynth(const SynthFlags& f) {
 void RegisterModel(CLI::App& app, int* exit_code) {
   CLI::App* model = app.add_subcommand("model", "inspect model files; write synthetic models");
   model->require_subcommand(1);
+  model->fallthrough();
 
   auto path = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   strata::InitLogging();
   CLI::App app{"Strata: an LLM inference server built around a tiered KV cache"};
   app.require_subcommand(1);
+  app.fallthrough();  // global options (--log-level) may follow the subcommand
   app.set_version_flag("--version", "strata 0.1.0");
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();

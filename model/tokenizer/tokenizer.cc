@@ -254,13 +254,17 @@ bool Tokenizer::StripsLeadingSpace() const {
   return spec_.model == "llama" && spec_.add_space_prefix;
 }
 
-std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special) const {
+std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special,
+                              DecodeStart start) const {
   std::string raw;
   for (int32_t id : ids) {
     if (const std::string* bytes = DecodedBytes(id, skip_special)) raw.append(*bytes);
   }
   std::string_view view = raw;
-  if (StripsLeadingSpace() && !view.empty() && view.front() == ' ') view.remove_prefix(1);
+  if (start == DecodeStart::kSequenceStart && StripsLeadingSpace() && !view.empty() &&
+      view.front() == ' ') {
+    view.remove_prefix(1);
+  }
   std::string out;
   out.reserve(view.size());
   tokenizer_internal::AppendUtf8Lossy(view, /*final=*/true, &out);
@@ -298,8 +302,10 @@ int32_t Tokenizer::token_type(int32_t id) const {
   return id >= 0 && id < vocab_->size() ? vocab_->type(id) : kTokenTypeUnused;
 }
 
-StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special)
-    : tokenizer_(tokenizer), skip_special_(skip_special) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special, DecodeStart start)
+    : tokenizer_(tokenizer),
+      skip_special_(skip_special),
+      at_start_(start == DecodeStart::kSequenceStart) {}
 
 std::string StreamDecoder::Push(int32_t id) {
   const std::string* bytes = tokenizer_.DecodedBytes(id, skip_special_);

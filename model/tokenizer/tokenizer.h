@@ -32,6 +32,13 @@
 
 namespace strata {
 
+// Where the ids being decoded sit in their text ("llama" with a space
+// prefix only: Encode() put a ▁ before the text, decoded as a space).
+enum class DecodeStart {
+  kSequenceStart,  // the ids begin the text: one leading space is removed
+  kContinuation,   // the ids continue earlier text (generated tokens): kept
+};
+
 namespace tokenizer_internal {
 class Vocab;
 class SpmModel;
@@ -58,11 +65,13 @@ class Tokenizer {
   std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special) const;
 
   // Concatenated text of `ids`. skip_special drops control/unknown tokens;
-  // otherwise their text is written verbatim. For "llama" with a space prefix,
-  // one leading space of the result is removed (as SentencePiece and HF do).
+  // otherwise their text is written verbatim. With kSequenceStart ("llama"
+  // with a space prefix) one leading space of the result is removed, as
+  // SentencePiece and HF do; decode generated tokens with kContinuation.
   // Ill-formed UTF-8 (e.g. a byte-token sequence cut short) becomes U+FFFD,
   // per the WHATWG decoder. An id outside [0, vocab_size()) decodes to U+FFFD.
-  std::string Decode(std::span<const int32_t> ids, bool skip_special) const;
+  std::string Decode(std::span<const int32_t> ids, bool skip_special,
+                     DecodeStart start = DecodeStart::kSequenceStart) const;
 
   // The raw vocabulary entry (e.g. "▁the", "Ġthe", "<0x0A>"); empty for an id
   // out of range.
@@ -108,19 +117,22 @@ class Tokenizer {
 // complete so far: the bytes of a UTF-8 sequence that is not yet complete are
 // held back until a later token completes it. Flush() returns what is left
 // (an incomplete sequence as U+FFFD). The concatenation of every Push() and
-// the final Flush() equals Tokenizer::Decode() of all the ids, and is always
-// valid UTF-8. The Tokenizer must outlive the decoder.
+// the final Flush() equals Tokenizer::Decode() of all the ids with the same
+// skip_special and start, and is always valid UTF-8. The default start,
+// kContinuation, suits generated tokens that follow a prompt (" there" stays
+// " there"). The Tokenizer must outlive the decoder.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = true);
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = true,
+                         DecodeStart start = DecodeStart::kContinuation);
   std::string Push(int32_t id);
   std::string Flush();
 
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_;
-  bool at_start_ = true;  // no byte produced yet (leading-space rule)
-  std::string pending_;   // bytes of an incomplete UTF-8 sequence
+  bool at_start_;        // kSequenceStart and no byte produced yet
+  std::string pending_;  // bytes of an incomplete UTF-8 sequence
 };
 
 }  // namespace strata

@@ -1,6 +1,5 @@
 #include "model/tokenizer/unicode.h"
 
-#include <algorithm>
 
 namespace strata::tokenizer_internal {
 namespace {
@@ -27,16 +26,9 @@ LeadInfo Lead(uint8_t b) {
 }  // namespace
 
 size_t Utf8CharLen(std::string_view s, size_t pos) {
-  const auto b = static_cast<uint8_t>(s[pos]);
   size_t len = 1;
-  if (b >= 0xF0 && b <= 0xF7) {
-    len = 4;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    len = 3;
-  } else if (b >= 0xC0 && b <= 0xDF) {
-    len = 2;
-  }
-  return std::min(len, s.size() - pos);
+  DecodeCodePoint(s, pos, &len);
+  return len;
 }
 
 size_t AppendUtf8Lossy(std::string_view in, bool final, std::string* out) {

@@ -13,8 +13,9 @@ namespace strata::tokenizer_internal {
 inline constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";
 inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
 
-// Length of the UTF-8 character starting at s[pos]: 1..4, clamped to the end
-// of `s`; 1 for a byte that cannot start a sequence. Never 0 when pos < size.
+// Length of the well-formed UTF-8 character starting at s[pos] (1..4); 1 for
+// a byte that does not start one, so ill-formed input splits into bytes.
+// REQUIRES: pos < s.size().
 size_t Utf8CharLen(std::string_view s, size_t pos);
 
 // Appends `in` to `out` with ill-formed UTF-8 replaced by U+FFFD, one per

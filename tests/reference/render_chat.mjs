@@ -22,6 +22,11 @@
 //
 // The context mirrors transformers' apply_chat_template: messages, tools=None,
 // documents=None, add_generation_prompt, the special tokens, plus case.context.
+//
+// @huggingface/jinja differs from Python's Jinja (what transformers runs) in a
+// few places: `'' != false` is false, strip/lstrip/rstrip ignore their
+// argument, `trim` uses JavaScript's whitespace set. The C++ test knows these;
+// see docs/chat-templates.md.
 
 import { readFileSync } from "node:fs";
 import { Template } from "@huggingface/jinja";

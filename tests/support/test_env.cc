@@ -9,9 +9,17 @@ namespace strata::testing {
 
 std::string SharedDir() {
   if (const char* e = std::getenv("STRATA_SHARED_DIR"); e != nullptr && *e != '\0') return e;
-  if (const char* s = std::getenv("STRATA_SOURCE_DIR"); s != nullptr && *s != '\0')
-    return std::string(s) + "/../shared";
-  return "../shared";
+  return STRATA_DEFAULT_SHARED_DIR;
+}
+
+std::string SourceDir() {
+  if (const char* e = std::getenv("STRATA_SOURCE_DIR"); e != nullptr && *e != '\0') return e;
+  return STRATA_DEFAULT_SOURCE_DIR;
+}
+
+std::string ReferenceDir() {
+  if (const char* e = std::getenv("STRATA_REFERENCE_DIR"); e != nullptr && *e != '\0') return e;
+  return STRATA_DEFAULT_REFERENCE_DIR;
 }
 
 std::string Stories260KPath() { return SharedDir() + "/models/stories260K.gguf"; }

@@ -5,8 +5,12 @@
 
 namespace strata::testing {
 
-// $STRATA_SHARED_DIR, or ../shared next to the source tree.
+// $STRATA_SHARED_DIR, else the shared/ folder found at configure time.
 std::string SharedDir();
+// $STRATA_SOURCE_DIR, else the source tree this build was configured from.
+std::string SourceDir();
+// $STRATA_REFERENCE_DIR, else tests/reference (npm reference packages).
+std::string ReferenceDir();
 // The real stories260K model in shared/models.
 std::string Stories260KPath();
 // A fresh empty directory under $TMPDIR, removed at process exit.

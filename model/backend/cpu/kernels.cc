@@ -109,7 +109,7 @@ void ExpScalar(const float* x, float* y, int n) {
 
 const ElemKernels& ScalarElemKernels() {
   static constexpr ElemKernels kTable = {
-      SimdLevel::kScalar, RmsNormScalar, RopeScalar,   SwiGluScalar,   SoftmaxScalar,
+      SimdLevel::kScalar, RmsNormScalar, RopeScalar,   SwiGluScalar,  SoftmaxScalar,
       AddScalar,          DotKvScalar,   AxpyKvScalar, StoreKvScalar, ExpScalar,
   };
   return kTable;

@@ -10,7 +10,8 @@
 // called from any number of threads at once.
 //
 // Common contract: `n` (and the other sizes) are element counts; a size <= 0
-// makes the call a no-op (DotKv returns 0). Pointers need no particular
+// makes the call a no-op (DotKv returns 0). Pointers need only their
+// element's natural alignment (4 bytes for f32, 2 for f16/bf16), no SIMD
 // alignment. Results of different levels agree to a few float ulps, not
 // bit for bit, except StoreKv, which is bit-exact on every level.
 

@@ -20,7 +20,8 @@ constexpr int kW = 8;
 
 // Lanes [0, remaining) set.
 STRATA_AVX2 inline __m256i TailMask(int remaining) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(remaining), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(remaining),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 STRATA_AVX2 inline float HSum(__m256 v) {
@@ -100,8 +101,8 @@ STRATA_AVX2 void RmsNormAvx2(const float* x, const float* weight, float* y, int 
   }
 }
 
-STRATA_AVX2 void RopeAvx2(float* x, int n_heads, int head_dim, const float* cos,
-                          const float* sin, bool neox) {
+STRATA_AVX2 void RopeAvx2(float* x, int n_heads, int head_dim, const float* cos, const float* sin,
+                          bool neox) {
   const int half = head_dim / 2;
   const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
   for (int h = 0; h < n_heads; ++h) {
@@ -110,8 +111,10 @@ STRATA_AVX2 void RopeAvx2(float* x, int n_heads, int head_dim, const float* cos,
     if (!neox) {
       // 4 interleaved pairs per step.
       for (; i + 4 <= half; i += 4) {
-        const __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cos + i)), dup);
-        const __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sin + i)), dup);
+        const __m256 c =
+            _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cos + i)), dup);
+        const __m256 s =
+            _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sin + i)), dup);
         const __m256 a = _mm256_loadu_ps(v + 2 * i);
         const __m256 swapped = _mm256_permute_ps(a, 0xB1);  // (x1, x0) in each pair
         // even lanes: x0*c - x1*s; odd lanes: x1*c + x0*s.
@@ -145,7 +148,8 @@ STRATA_AVX2 inline __m256 Silu(__m256 g) {
 STRATA_AVX2 void SwiGluAvx2(const float* gate, const float* up, float* out, int n) {
   int i = 0;
   for (; i + kW <= n; i += kW) {
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(Silu(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(out + i,
+                     _mm256_mul_ps(Silu(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
   }
   if (i < n) {
     const __m256i m = TailMask(n - i);
@@ -166,7 +170,8 @@ STRATA_AVX2 void SoftmaxAvx2(float* x, int n) {
   for (; i + kW <= n; i += kW) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
   if (i < n) {
     const __m256i m = TailMask(n - i);
-    const __m256 v = _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m));
+    const __m256 v =
+        _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m));
     vmax = _mm256_max_ps(vmax, v);
   }
   const __m256 vm = _mm256_set1_ps(HMax(vmax));
@@ -180,13 +185,14 @@ STRATA_AVX2 void SoftmaxAvx2(float* x, int n) {
   }
   if (i < n) {
     const __m256i m = TailMask(n - i);
-    const __m256 e = _mm256_and_ps(Exp(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), vm)),
-                                   _mm256_castsi256_ps(m));
+    const __m256 e =
+        _mm256_and_ps(Exp(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), vm)), _mm256_castsi256_ps(m));
     _mm256_maskstore_ps(x + i, m, e);
     AddPd(e, s0, s1);
   }
   const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / HSumPd(_mm256_add_pd(s0, s1))));
-  for (i = 0; i + kW <= n; i += kW) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  for (i = 0; i + kW <= n; i += kW)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
   if (i < n) {
     const __m256i m = TailMask(n - i);
     _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv));
@@ -200,7 +206,8 @@ STRATA_AVX2 void AddAvx2(float* y, const float* x, int n) {
   }
   if (i < n) {
     const __m256i m = TailMask(n - i);
-    _mm256_maskstore_ps(y + i, m, _mm256_add_ps(_mm256_maskload_ps(y + i, m), _mm256_maskload_ps(x + i, m)));
+    _mm256_maskstore_ps(y + i, m,
+                        _mm256_add_ps(_mm256_maskload_ps(y + i, m), _mm256_maskload_ps(x + i, m)));
   }
 }
 
@@ -210,7 +217,8 @@ STRATA_AVX2 inline __m256 LoadKv(const void* p, int i) {
   if constexpr (T == DType::kF32) {
     return _mm256_loadu_ps(static_cast<const float*>(p) + i);
   } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
     if constexpr (T == DType::kF16) {
       return _mm256_cvtph_ps(h);
     } else {
@@ -245,7 +253,8 @@ STRATA_AVX2 float DotKvT(const float* q, const void* k, int n) {
     acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 2 * kW), LoadKv<T>(k, i + 2 * kW), acc2);
     acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 3 * kW), LoadKv<T>(k, i + 3 * kW), acc3);
   }
-  for (; i + kW <= n; i += kW) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LoadKv<T>(k, i), acc0);
+  for (; i + kW <= n; i += kW)
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LoadKv<T>(k, i), acc0);
   if (i < n) {
     const __m256 qv = _mm256_maskload_ps(q + i, TailMask(n - i));
     acc1 = _mm256_fmadd_ps(qv, LoadKvTail<T>(k, i, n), acc1);
@@ -273,8 +282,8 @@ STRATA_AVX2 void AxpyKvT(float a, const void* v, float* out, int n) {
   }
   if (i < n) {
     const __m256i m = TailMask(n - i);
-    _mm256_maskstore_ps(out + i, m,
-                        _mm256_fmadd_ps(va, LoadKvTail<T>(v, i, n), _mm256_maskload_ps(out + i, m)));
+    _mm256_maskstore_ps(
+        out + i, m, _mm256_fmadd_ps(va, LoadKvTail<T>(v, i, n), _mm256_maskload_ps(out + i, m)));
   }
 }
 
@@ -341,8 +350,8 @@ STRATA_AVX2 void ExpAvx2(const float* x, float* y, int n) {
 
 const ElemKernels& Avx2ElemKernels() {
   static constexpr ElemKernels kTable = {
-      SimdLevel::kAvx2, RmsNormAvx2, RopeAvx2,   SwiGluAvx2,   SoftmaxAvx2,
-      AddAvx2,    DotKvAvx2,   AxpyKvAvx2, StoreKvAvx2, ExpAvx2,
+      SimdLevel::kAvx2, RmsNormAvx2, RopeAvx2,   SwiGluAvx2,  SoftmaxAvx2,
+      AddAvx2,          DotKvAvx2,   AxpyKvAvx2, StoreKvAvx2, ExpAvx2,
   };
   return kTable;
 }

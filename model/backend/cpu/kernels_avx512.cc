@@ -18,8 +18,7 @@
 
 #include "model/backend/cpu/kernels_internal.h"
 
-#define STRATA_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define STRATA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 namespace strata::cpu::internal {
 namespace {
@@ -64,8 +63,7 @@ STRATA_AVX512 inline void AddPd(__m512 v, __m512d& acc0, __m512d& acc1) {
   acc1 = _mm512_add_pd(acc1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
 }
 
-STRATA_AVX512 void RmsNormAvx512(const float* x, const float* weight, float* y, int n,
-                                 float eps) {
+STRATA_AVX512 void RmsNormAvx512(const float* x, const float* weight, float* y, int n, float eps) {
   __m512d acc0 = _mm512_setzero_pd();
   __m512d acc1 = _mm512_setzero_pd();
   int i = 0;
@@ -90,8 +88,10 @@ STRATA_AVX512 inline void RopePairs(float* v, const float* cos, const float* sin
   const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __mmask8 mp = static_cast<__mmask8>((1u << pairs) - 1u);
   const __mmask16 mf = TailMask(2 * pairs);
-  const __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, cos)));
-  const __m512 s = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, sin)));
+  const __m512 c =
+      _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, cos)));
+  const __m512 s =
+      _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, sin)));
   const __m512 x = _mm512_maskz_loadu_ps(mf, v);
   const __m512 swapped = _mm512_permute_ps(x, 0xB1);  // (x1, x0) in each pair
   // even lanes: x0*c - x1*s; odd lanes: x1*c + x0*s.
@@ -104,7 +104,8 @@ STRATA_AVX512 void RopeAvx512(float* x, int n_heads, int head_dim, const float* 
   for (int h = 0; h < n_heads; ++h) {
     float* v = x + static_cast<size_t>(h) * head_dim;
     if (!neox) {
-      for (int i = 0; i < half; i += 8) RopePairs(v + 2 * i, cos + i, sin + i, half - i < 8 ? half - i : 8);
+      for (int i = 0; i < half; i += 8)
+        RopePairs(v + 2 * i, cos + i, sin + i, half - i < 8 ? half - i : 8);
       continue;
     }
     for (int i = 0; i < half; i += kW) {
@@ -154,13 +155,15 @@ STRATA_AVX512 void SoftmaxAvx512(float* x, int n) {
   }
   if (i < n) {
     const __mmask16 m = TailMask(n - i);
-    const __m512 e = _mm512_maskz_mov_ps(m, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm)));
+    const __m512 e =
+        _mm512_maskz_mov_ps(m, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm)));
     _mm512_mask_storeu_ps(x + i, m, e);
     AddPd(e, s0, s1);
   }
   const __m512 inv =
       _mm512_set1_ps(static_cast<float>(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(s0, s1))));
-  for (i = 0; i + kW <= n; i += kW) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+  for (i = 0; i + kW <= n; i += kW)
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
   if (i < n) {
     const __mmask16 m = TailMask(n - i);
     _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
@@ -234,12 +237,13 @@ STRATA_AVX512 void AxpyKvT(float a, const void* v, float* out, int n) {
   const __m512 va = _mm512_set1_ps(a);
   int i = 0;
   for (; i + kW <= n; i += kW) {
-    _mm512_storeu_ps(out + i, _mm512_fmadd_ps(va, LoadKv<T>(v, i, 0xffff), _mm512_loadu_ps(out + i)));
+    _mm512_storeu_ps(out + i,
+                     _mm512_fmadd_ps(va, LoadKv<T>(v, i, 0xffff), _mm512_loadu_ps(out + i)));
   }
   if (i < n) {
     const __mmask16 m = TailMask(n - i);
-    _mm512_mask_storeu_ps(out + i, m,
-                          _mm512_fmadd_ps(va, LoadKv<T>(v, i, m), _mm512_maskz_loadu_ps(m, out + i)));
+    _mm512_mask_storeu_ps(
+        out + i, m, _mm512_fmadd_ps(va, LoadKv<T>(v, i, m), _mm512_maskz_loadu_ps(m, out + i)));
   }
 }
 
@@ -297,8 +301,8 @@ STRATA_AVX512 void ExpAvx512(const float* x, float* y, int n) {
 
 const ElemKernels& Avx512ElemKernels() {
   static constexpr ElemKernels kTable = {
-      SimdLevel::kAvx512, RmsNormAvx512, RopeAvx512,   SwiGluAvx512,   SoftmaxAvx512,
-      AddAvx512,    DotKvAvx512,   AxpyKvAvx512, StoreKvAvx512, ExpAvx512,
+      SimdLevel::kAvx512, RmsNormAvx512, RopeAvx512,   SwiGluAvx512,  SoftmaxAvx512,
+      AddAvx512,          DotKvAvx512,   AxpyKvAvx512, StoreKvAvx512, ExpAvx512,
   };
   return kTable;
 }

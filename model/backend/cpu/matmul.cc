@@ -11,6 +11,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "model/backend/cpu/matmul_internal.h"
 #include "model/backend/cpu/matmul_kernels.h"
@@ -174,6 +175,17 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
   a.n_tokens = n_tokens;
   a.y = y;
   a.y_stride = rows;
+  if (DotNeedsXSum(type_index)) {
+    thread_local std::vector<float> xsum;
+    const int64_t per_token = cols / 32;
+    xsum.resize(static_cast<size_t>(n_tokens * per_token));
+    for (int64_t i = 0; i < n_tokens * per_token; ++i) {
+      float s = 0.f;
+      for (int k = 0; k < 32; ++k) s += x[i * 32 + k];
+      xsum[static_cast<size_t>(i)] = s;
+    }
+    a.xsum = xsum.data();
+  }
   DotPath(type_index, a, pool);
 }
 

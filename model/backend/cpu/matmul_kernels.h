@@ -39,7 +39,13 @@ struct DotArgs {
   int64_t n_tokens = 0;
   float* y = nullptr;
   int64_t y_stride = 0;
+  // Q4_K and Q5_K only: sums of x over each 32-element sub-block, cols / 32
+  // per token, token t at xsum + t * (cols / 32).
+  const float* xsum = nullptr;
 };
+
+// Whether DotArgs::xsum must be set for type index i.
+inline bool DotNeedsXSum(int type_index) { return type_index == 5 || type_index == 6; }
 
 using DotRowsFn = void (*)(const DotArgs& args);
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);

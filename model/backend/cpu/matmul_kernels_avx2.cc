@@ -29,6 +29,8 @@ struct Avx2Ops {
   static constexpr int kLanes = 8;
   using F = __m256;
   using I = __m256i;
+  // Exact, as F16ToF32 (F16C).
+  static float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
   static F Zero() { return _mm256_setzero_ps(); }
   static F Set1(float v) { return _mm256_set1_ps(v); }
   static F LoadF(const float* p) { return _mm256_loadu_ps(p); }
@@ -81,6 +83,9 @@ struct Avx2Ops {
   static I Sll(I v, int n) { return _mm256_sll_epi32(v, _mm_cvtsi32_si128(n)); }
   static I SubI(I v, int k) { return _mm256_sub_epi32(v, _mm256_set1_epi32(k)); }
   static F Cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  // float(v & 15) and float((v & 15) - 8).
+  static F Nibble(I v) { return Cvt(And(v, 0xf)); }
+  static F NibbleMinus8(I v) { return Cvt(SubI(And(v, 0xf), 8)); }
 };
 using V = Avx2Ops;
 

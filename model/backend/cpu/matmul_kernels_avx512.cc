@@ -29,6 +29,8 @@ struct Avx512Ops {
   static constexpr int kLanes = 16;
   using F = __m512;
   using I = __m512i;
+  // Exact, as F16ToF32 (F16C).
+  static float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
   static F Zero() { return _mm512_setzero_ps(); }
   static F Set1(float v) { return _mm512_set1_ps(v); }
   static F LoadF(const float* p) { return _mm512_loadu_ps(p); }
@@ -73,6 +75,14 @@ struct Avx512Ops {
   static I Sll(I v, int n) { return _mm512_sll_epi32(v, _mm_cvtsi32_si128(n)); }
   static I SubI(I v, int k) { return _mm512_sub_epi32(v, _mm512_set1_epi32(k)); }
   static F Cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  // float(v & 15) and float((v & 15) - 8): a table lookup (vpermps reads only
+  // the low 4 bits of each index), cheaper than mask + convert.
+  static F Nibble(I v) {
+    return _mm512_permutexvar_ps(v, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+  static F NibbleMinus8(I v) {
+    return _mm512_permutexvar_ps(v, _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
+  }
 };
 using V = Avx512Ops;
 

@@ -28,6 +28,28 @@ constexpr int kL = V::kLanes;
 using VF = typename V::F;
 using VI = typename V::I;
 
+float ReduceAdd8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// All eight 6-bit scales (out[0..8)) and mins (out[8..16)) of a Q4_K/Q5_K
+// block at once, as UnpackScaleMinK4 gives them one by one.
+void UnpackAllScaleMinK4(const uint8_t packed[12], uint8_t out[16]) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
+  uint32_t w[3];
+  __builtin_memcpy(w, packed, 12);
+  const uint32_t r[4] = {
+      w[0] & kLow6,                                         // sc 0..3
+      (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4),        // sc 4..7
+      w[1] & kLow6,                                         // m 0..3
+      ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4), // m 4..7
+  };
+  __builtin_memcpy(out, r, 16);
+}
+
 // ---- Block decoders: call emit(k, offset, w) for every kLanes-vector of
 // weights w in a block, where k is the vector's index (0, 1, 2, ...) and
 // offset its first element in the block.
@@ -85,14 +107,27 @@ struct DecQ4_0 {
   template <class Emit>
   static void Decode(const uint8_t* p, Emit&& emit) {
     const auto* b = reinterpret_cast<const BlockQ4_0*>(p);
-    const VF d = V::Set1(F16ToF32(b->d));
+    const VF d = V::Set1(V::HalfToFloat(b->d));
 #pragma GCC unroll 2
     for (int i = 0; i < 16 / kL; ++i) {
       const VI q = V::LoadU8(b->qs + i * kL);
-      emit(2 * i, i * kL, V::Mul(V::Cvt(V::SubI(V::And(q, 0xf), 8)), d));
-      emit(2 * i + 1, 16 + i * kL, V::Mul(V::Cvt(V::SubI(V::Srl(q, 4), 8)), d));
+      emit(2 * i, i * kL, V::Mul(V::NibbleMinus8(q), d));
+      emit(2 * i + 1, 16 + i * kL, V::Mul(V::NibbleMinus8(V::Srl(q, 4)), d));
     }
   }
+  // Single token: sum the block's (q - 8) * x, then scale once by d.
+  static VF BlockSum(const uint8_t* p, const float* xb) {
+    const auto* b = reinterpret_cast<const BlockQ4_0*>(p);
+    VF s = V::Zero();
+#pragma GCC unroll 2
+    for (int i = 0; i < 16 / kL; ++i) {
+      const VI q = V::LoadU8(b->qs + i * kL);
+      s = V::Fma(V::NibbleMinus8(q), V::LoadF(xb + i * kL), s);
+      s = V::Fma(V::NibbleMinus8(V::Srl(q, 4)), V::LoadF(xb + 16 + i * kL), s);
+    }
+    return s;
+  }
+  static float Scale(const uint8_t* p) { return V::HalfToFloat(reinterpret_cast<const BlockQ4_0*>(p)->d); }
 };
 
 struct DecQ8_0 {
@@ -102,10 +137,19 @@ struct DecQ8_0 {
   template <class Emit>
   static void Decode(const uint8_t* p, Emit&& emit) {
     const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
-    const VF d = V::Set1(F16ToF32(b->d));
+    const VF d = V::Set1(V::HalfToFloat(b->d));
 #pragma GCC unroll 4
     for (int i = 0; i < 32 / kL; ++i) emit(i, i * kL, V::Mul(V::Cvt(V::LoadI8(b->qs + i * kL)), d));
   }
+  // Single token: sum the block's q * x, then scale once by d.
+  static VF BlockSum(const uint8_t* p, const float* xb) {
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
+    VF s = V::Mul(V::Cvt(V::LoadI8(b->qs)), V::LoadF(xb));
+#pragma GCC unroll 4
+    for (int i = 1; i < 32 / kL; ++i) s = V::Fma(V::Cvt(V::LoadI8(b->qs + i * kL)), V::LoadF(xb + i * kL), s);
+    return s;
+  }
+  static float Scale(const uint8_t* p) { return V::HalfToFloat(reinterpret_cast<const BlockQ8_0*>(p)->d); }
 };
 
 // Q4_K and Q5_K: per group g of 64 elements, sub-blocks 2g (low nibbles) and
@@ -116,11 +160,64 @@ struct DecScaleMinK {
   static constexpr int kElems = kQK_K;
   static constexpr size_t kBytes = sizeof(Block);
   static constexpr bool kPlain = false;
+
+  // The quants (as floats) of elements 64g + l .. + kL (lo) and
+  // 64g + 32 + l .. + kL (hi).
+  static void Quants(const Block* b, int g, int l, VF* lo, VF* hi) {
+    const VI q = V::LoadU8(b->qs + 32 * g + l);
+    if constexpr (kFive) {
+      const VI h = V::LoadU8(b->qh + l);
+      *lo = V::Cvt(V::Or(V::And(q, 0xf), V::Sll(V::And(V::Srl(h, 2 * g), 1), 4)));
+      *hi = V::Cvt(V::Or(V::Srl(q, 4), V::Sll(V::And(V::Srl(h, 2 * g + 1), 1), 4)));
+    } else {
+      *lo = V::Nibble(q);
+      *hi = V::Nibble(V::Srl(q, 4));
+    }
+  }
+
+  // Single-token dot product, rearranged to cut work per element:
+  //   sum_j sum_l (d sc_j q - dmin m_j) x = sum_j d sc_j (sum_l q x) - dmin sum_j m_j xsum_j
+  // with xsum_j, the sums of x over each 32-element sub-block, precomputed.
+  static float Dot1(const uint8_t* row, int64_t cols, const float* x, const float* xsum) {
+    VF tot0 = V::Zero(), tot1 = V::Zero();
+    __m256 mins = _mm256_setzero_ps();
+    const int64_t nblocks = cols / kQK_K;
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+      const auto* b = reinterpret_cast<const Block*>(row) + blk;
+      const float* xb = x + blk * kQK_K;
+      alignas(16) uint8_t scm[16];
+      UnpackAllScaleMinK4(b->scales, scm);
+      alignas(32) float dsc[8];
+      const __m256 sc = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scm))));
+      _mm256_store_ps(dsc, _mm256_mul_ps(sc, _mm256_set1_ps(V::HalfToFloat(b->d))));
+      const __m256 m = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scm + 8))));
+      mins = _mm256_fmadd_ps(_mm256_mul_ps(m, _mm256_set1_ps(V::HalfToFloat(b->dmin))),
+                             _mm256_loadu_ps(xsum + blk * 8), mins);
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        VF slo = V::Zero(), shi = V::Zero();
+#pragma GCC unroll 4
+        for (int i = 0; i < 32 / kL; ++i) {
+          VF lo, hi;
+          Quants(b, g, i * kL, &lo, &hi);
+          const VF xlo = V::LoadF(xb + 64 * g + i * kL);
+          const VF xhi = V::LoadF(xb + 64 * g + 32 + i * kL);
+          slo = i == 0 ? V::Mul(lo, xlo) : V::Fma(lo, xlo, slo);
+          shi = i == 0 ? V::Mul(hi, xhi) : V::Fma(hi, xhi, shi);
+        }
+        tot0 = V::Fma(slo, V::Set1(dsc[2 * g]), tot0);
+        tot1 = V::Fma(shi, V::Set1(dsc[2 * g + 1]), tot1);
+      }
+    }
+    return V::ReduceAdd(V::Add(tot0, tot1)) - ReduceAdd8(mins);
+  }
   template <class Emit>
   static void Decode(const uint8_t* p, Emit&& emit) {
     const auto* b = reinterpret_cast<const Block*>(p);
-    const float d = F16ToF32(b->d);
-    const float dmin = F16ToF32(b->dmin);
+    const float d = V::HalfToFloat(b->d);
+    const float dmin = V::HalfToFloat(b->dmin);
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) {
       uint8_t sc, m;
@@ -130,17 +227,11 @@ struct DecScaleMinK {
       const VF d2 = V::Set1(d * sc), m2 = V::Set1(dmin * m);
 #pragma GCC unroll 4
       for (int i = 0; i < 32 / kL; ++i) {
-        const VI q = V::LoadU8(b->qs + 32 * g + i * kL);
-        VI lo = V::And(q, 0xf);
-        VI hi = V::Srl(q, 4);
-        if constexpr (kFive) {
-          const VI h = V::LoadU8(b->qh + i * kL);
-          lo = V::Or(lo, V::Sll(V::And(V::Srl(h, 2 * g), 1), 4));
-          hi = V::Or(hi, V::Sll(V::And(V::Srl(h, 2 * g + 1), 1), 4));
-        }
+        VF lo, hi;
+        Quants(b, g, i * kL, &lo, &hi);
         const int k = g * (64 / kL) + i;
-        emit(k, 64 * g + i * kL, V::Sub(V::Mul(d1, V::Cvt(lo)), m1));
-        emit(k + 32 / kL, 64 * g + 32 + i * kL, V::Sub(V::Mul(d2, V::Cvt(hi)), m2));
+        emit(k, 64 * g + i * kL, V::Sub(V::Mul(d1, lo), m1));
+        emit(k + 32 / kL, 64 * g + 32 + i * kL, V::Sub(V::Mul(d2, hi), m2));
       }
     }
   }
@@ -153,7 +244,7 @@ struct DecQ6_K {
   template <class Emit>
   static void Decode(const uint8_t* p, Emit&& emit) {
     const auto* b = reinterpret_cast<const BlockQ6_K*>(p);
-    const float d = F16ToF32(b->d);
+    const float d = V::HalfToFloat(b->d);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const uint8_t* ql = b->ql + 64 * h;
@@ -184,9 +275,37 @@ struct DecQ6_K {
 // ---- Dot products -----------------------------------------------------------
 
 // out[t * out_stride] = dot(row, x + t * cols) for t < NT.
+// One token against 32-element blocks with one scale each: two blocks per
+// step on separate accumulators, so the scale FMAs do not form one chain.
+template <class Dec>
+inline float DotBlocks1(const uint8_t* row, int64_t cols, const float* x) {
+  VF tot0 = V::Zero(), tot1 = V::Zero();
+  const int64_t nblocks = cols / Dec::kElems;
+  int64_t blk = 0;
+  for (; blk + 2 <= nblocks; blk += 2) {
+    const uint8_t* p = row + blk * Dec::kBytes;
+    const float* xb = x + blk * Dec::kElems;
+    tot0 = V::Fma(Dec::BlockSum(p, xb), V::Set1(Dec::Scale(p)), tot0);
+    tot1 = V::Fma(Dec::BlockSum(p + Dec::kBytes, xb + Dec::kElems),
+                  V::Set1(Dec::Scale(p + Dec::kBytes)), tot1);
+  }
+  if (blk < nblocks) {
+    const uint8_t* p = row + blk * Dec::kBytes;
+    tot0 = V::Fma(Dec::BlockSum(p, x + blk * Dec::kElems), V::Set1(Dec::Scale(p)), tot0);
+  }
+  return V::ReduceAdd(V::Add(tot0, tot1));
+}
+
 template <class Dec, int NT>
-inline void DotRow(const uint8_t* row, int64_t cols, const float* x, float* out,
-                   int64_t out_stride) {
+inline void DotRow(const uint8_t* row, int64_t cols, const float* x, const float* xsum,
+                   float* out, int64_t out_stride) {
+  if constexpr (NT == 1 && requires { Dec::Dot1; }) {
+    *out = Dec::Dot1(row, cols, x, xsum);
+    return;
+  } else if constexpr (NT == 1 && requires { Dec::BlockSum; }) {
+    *out = DotBlocks1<Dec>(row, cols, x);
+    return;
+  }
   constexpr int kAcc = NT == 1 ? 4 : 2;
   VF acc[NT][kAcc];
   for (int t = 0; t < NT; ++t)
@@ -233,7 +352,7 @@ void DotRows(const DotArgs& a) {
     int64_t t = 0;
     for (; t + kDotTokenGroup <= a.n_tokens; t += kDotTokenGroup) {
       for (int64_t r = r0; r < r1; ++r) {
-        DotRow<Dec, kDotTokenGroup>(a.w + r * a.row_bytes, a.cols, a.x + t * a.cols,
+        DotRow<Dec, kDotTokenGroup>(a.w + r * a.row_bytes, a.cols, a.x + t * a.cols, nullptr,
                                     a.y + t * a.y_stride + r, a.y_stride);
       }
     }
@@ -242,11 +361,14 @@ void DotRows(const DotArgs& a) {
       const uint8_t* row = a.w + r * a.row_bytes;
       int64_t u = t;
       if (left & 2) {
-        DotRow<Dec, 2>(row, a.cols, a.x + u * a.cols, a.y + u * a.y_stride + r, a.y_stride);
+        DotRow<Dec, 2>(row, a.cols, a.x + u * a.cols, nullptr, a.y + u * a.y_stride + r,
+                       a.y_stride);
         u += 2;
       }
       if (left & 1) {
-        DotRow<Dec, 1>(row, a.cols, a.x + u * a.cols, a.y + u * a.y_stride + r, a.y_stride);
+        DotRow<Dec, 1>(row, a.cols, a.x + u * a.cols,
+                       a.xsum ? a.xsum + u * (a.cols / 32) : nullptr, a.y + u * a.y_stride + r,
+                       a.y_stride);
       }
     }
   }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -54,7 +55,9 @@ TEST(GoldenStoriesLoad, ModelMetadata) {
 TEST(GoldenStoriesLoad, TokenizationMatchesEveryPrompt) {
   auto m = LoadModel(testing::Stories260KPath());
   ASSERT_TRUE(m) << m.error().ToString();
-  for (const auto& c : Golden()["cases"]) {
+  const nlohmann::json golden = Golden();
+  ASSERT_EQ(golden["cases"].size(), 7u);
+  for (const auto& c : golden["cases"]) {
     std::vector<int32_t> want = c["prompt_token_ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(TokenizePrompt(**m, c["prompt"].get<std::string>()), want) << c["prompt"];
   }
@@ -71,8 +74,10 @@ TEST_P(GoldenStories, GreedyContinuationsAndLogits) {
   auto eng = ForwardEngine::Create(model_->weights, kv, &pool);
   ASSERT_TRUE(eng) << eng.error().ToString();
   const int V = 512;
-  double worst_logit_err = 0, worst_logprob_err = 0;
-  for (const auto& c : Golden()["cases"]) {
+  double worst_logit_err = 0, worst_logprob_err = 0, worst_margin_err = 0, min_margin = 1e9, f32ref_err = 0, f32ref_margin_err = 0;
+  const nlohmann::json golden = Golden();
+  ASSERT_EQ(golden["cases"].size(), 7u);
+  for (const auto& c : golden["cases"]) {
     std::vector<int32_t> seq = c["prompt_token_ids"].get<std::vector<int32_t>>();
     std::vector<int32_t> want = c["generated_token_ids"].get<std::vector<int32_t>>();
     std::vector<int32_t> table(32);
@@ -95,7 +100,16 @@ TEST_P(GoldenStories, GreedyContinuationsAndLogits) {
         int id = pair[0].get<int>();
         double lp = logits[id] - mx - std::log(z);
         worst_logprob_err = std::max(worst_logprob_err, std::abs(lp - pair[1].get<double>()));
+        if (!c.contains("last_prompt_logits")) f32ref_err = std::max(f32ref_err, std::abs(lp - pair[1].get<double>()));
       }
+      // The top-1/top-2 margin, ours vs the reference's.
+      std::vector<float> sorted(logits);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      double ref_margin = steps[step]["margin_top1_top2"].get<double>();
+      worst_margin_err = std::max(worst_margin_err, std::abs((sorted[0] - sorted[1]) - ref_margin));
+      if (!c.contains("last_prompt_logits"))
+        f32ref_margin_err = std::max(f32ref_margin_err, std::abs((sorted[0] - sorted[1]) - ref_margin));
+      min_margin = std::min(min_margin, ref_margin);
       if (next != want[step]) {
         ADD_FAILURE() << "prompt '" << c["prompt"].get<std::string>() << "' step " << step << ": got " << next
                       << ", reference " << want[step] << " (reference top1-top2 margin "
@@ -110,18 +124,33 @@ TEST_P(GoldenStories, GreedyContinuationsAndLogits) {
     }
     EXPECT_EQ(got, want) << c["prompt"];
     // The detokenized continuation is the reference text.
-    EXPECT_EQ(model_->tokenizer->Decode(got, true), c["generated_text"].get<std::string>()) << c["prompt"];
+    std::vector<int32_t> prompt_ids = c["prompt_token_ids"].get<std::vector<int32_t>>();
+    std::vector<int32_t> all = prompt_ids;
+    all.insert(all.end(), got.begin(), got.end());
+    EXPECT_EQ(model_->tokenizer->Decode(all, true),
+              model_->tokenizer->Decode(prompt_ids, true) + c["generated_text"].get<std::string>())
+        << c["prompt"];
   }
-  RecordProperty("worst_logit_abs_err", std::to_string(worst_logit_err));
-  RecordProperty("worst_logprob_abs_err", std::to_string(worst_logprob_err));
-  // Far below the smallest top-1/top-2 margin on these paths (~0.015-0.03 nats).
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "vs f16-KV reference: logits %.3e, top-5 logprobs %.3e, margin %.3e; vs f32-KV reference: top-5 "
+                "logprobs %.3e, margin %.3e; smallest margin %.3e",
+                worst_logit_err, worst_logprob_err, worst_margin_err, f32ref_err, f32ref_margin_err, min_margin);
+  RecordProperty("worst_abs_errors", buf);
+  std::printf("%s\n", buf);
+  // The first five reference cases were computed with an f16 KV cache (and
+  // f16 Q and attention weights, as that engine's CPU path does), so they carry
+  // ~1e-2 of rounding noise; the last two used an f32 KV cache. With f32 KV we
+  // must match those to far below the smallest top-1/top-2 margin (~0.015).
+  EXPECT_LT(worst_logit_err, 2.5e-2) << buf;
+  EXPECT_LT(worst_logprob_err, 3e-2) << buf;
   if (kv_type == DType::kF32) {
-    EXPECT_LT(worst_logit_err, 2e-3);
-    EXPECT_LT(worst_logprob_err, 2e-3);
+    EXPECT_LT(f32ref_err, 1e-4) << buf;
+    EXPECT_LT(f32ref_margin_err, 1e-4) << buf;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(KvTypes, GoldenStories, ::testing::Values(DType::kF32),
+INSTANTIATE_TEST_SUITE_P(KvTypes, GoldenStories, ::testing::Values(DType::kF32, DType::kF16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 }  // namespace

@@ -88,7 +88,7 @@ TEST_P(KernelsTest, ExpIsAccurateOverTheFloatRange) {
     const double ref = std::exp(static_cast<double>(x[i]));
     worst = std::max(worst, std::abs(y[i] - ref) / ref);
   }
-  EXPECT_LE(worst, 3e-7);  // measured: 1.4 ulp (8.2e-8)
+  EXPECT_LE(worst, 3e-7);            // measured: 1.4 ulp (8.2e-8)
   EXPECT_EQ(y[x.size() - 8], 1.0f);  // exp(0)
 
   const float special[] = {-kInf, kInf, std::nanf(""), 100.0f, -200.0f, -100.0f, 1e30f, -1e30f};
@@ -152,7 +152,8 @@ TEST_P(KernelsTest, RopeMatchesReference) {
   for (bool neox : {false, true}) {
     for (int head_dim : {2, 6, 14, 34, 64, 128, 130}) {
       for (int pos : {0, 1, 17, 4095, 131071}) {
-        SCOPED_TRACE(std::to_string(neox) + " " + std::to_string(head_dim) + " " + std::to_string(pos));
+        SCOPED_TRACE(std::to_string(neox) + " " + std::to_string(head_dim) + " " +
+                     std::to_string(pos));
         const int n_heads = 3;
         const int n = n_heads * head_dim;
         auto x = RandomFloats(n, rng, -2.0f, 2.0f);
@@ -277,20 +278,24 @@ TEST_P(KernelsTest, AddIsExact) {
   }
 }
 
-// Random floats stored as `t`, and the float values they hold.
+// Random floats stored as `t`, and the float values they hold. data() is one
+// element past a vector's start: aligned to the element, not to SIMD width.
 struct KvData {
-  std::vector<uint8_t> bytes;  // one spare byte in front: misaligned data()
+  std::vector<uint32_t> storage;
+  size_t elem_bytes = 4;
   std::vector<float> values;
-  const void* data() const { return bytes.data() + 2; }
+  const void* data() const { return reinterpret_cast<const uint8_t*>(storage.data()) + elem_bytes; }
 };
 
 KvData MakeKv(DType t, int n, Rng& rng) {
   KvData kv;
-  kv.bytes.resize(RowBytes(t, n) + 2);
+  kv.elem_bytes = RowBytes(t, 1);
+  kv.storage.resize(RowBytes(t, n + 1) / 4 + 1);
   kv.values.resize(n);
+  uint8_t* base = reinterpret_cast<uint8_t*>(kv.storage.data()) + kv.elem_bytes;
   for (int i = 0; i < n; ++i) {
     const float f = rng.Uniform(-3.0f, 3.0f);
-    uint8_t* p = kv.bytes.data() + 2 + RowBytes(t, i);
+    uint8_t* p = base + RowBytes(t, i);
     if (t == DType::kF32) {
       std::memcpy(p, &f, 4);
       kv.values[i] = f;
@@ -379,19 +384,25 @@ TEST_P(KernelsTest, StoreKvRoundsLikeTheScalarConversions) {
   for (DType t : kKvTypes) {
     SCOPED_TRACE(DTypeName(t));
     for (int len : {1, 7, 17, 65, n}) {
-      std::vector<uint8_t> dst(RowBytes(t, len) + 2, 0xAB);
-      StoreKv(src.data(), dst.data() + 1, t, len);
-      EXPECT_EQ(dst.front(), 0xAB);
-      EXPECT_EQ(dst.back(), 0xAB);  // nothing written past the end
+      // One element of guard on each side; data aligned to the element only.
+      const size_t eb = RowBytes(t, 1);
+      std::vector<uint32_t> storage(RowBytes(t, len + 2) / 4 + 1);
+      std::memset(storage.data(), 0xAB, storage.size() * 4);
+      uint8_t* dst = reinterpret_cast<uint8_t*>(storage.data()) + eb;
+      StoreKv(src.data(), dst, t, len);
+      for (size_t b = 0; b < eb; ++b) {
+        EXPECT_EQ(dst[-1 - static_cast<ptrdiff_t>(b)], 0xAB);
+        EXPECT_EQ(dst[RowBytes(t, len) + b], 0xAB);  // nothing written past the end
+      }
       for (int i = 0; i < len; ++i) {
         if (t == DType::kF32) {
           float f;
-          std::memcpy(&f, dst.data() + 1 + 4 * i, 4);
+          std::memcpy(&f, dst + 4 * i, 4);
           ASSERT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(src[i])) << i;
           continue;
         }
         uint16_t h;
-        std::memcpy(&h, dst.data() + 1 + 2 * i, 2);
+        std::memcpy(&h, dst + 2 * i, 2);
         const uint16_t ref = t == DType::kF16 ? FloatToHalfBits(src[i]) : FloatToBf16Bits(src[i]);
         ASSERT_EQ(h, ref) << i << " " << src[i];
       }
@@ -415,7 +426,8 @@ TEST_P(KernelsTest, SizesAtOrBelowZeroAreNoOps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLevels, KernelsTest,
-                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512),
+                         ::testing::Values(SimdLevel::kScalar, SimdLevel::kAvx2,
+                                           SimdLevel::kAvx512),
                          [](const ::testing::TestParamInfo<SimdLevel>& info) {
                            return std::string(SimdLevelName(info.param));
                          });

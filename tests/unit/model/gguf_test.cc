@@ -424,6 +424,18 @@ TEST_F(GgufTest, FailedWriteLeavesNoFile) {
   EXPECT_FALSE(ok.Write(Path("no/such/dir/x.gguf")).ok());
 }
 
+TEST_F(GgufTest, OpenReportsMissingFiles) {
+  auto r = GgufFile::Open(Path("missing.gguf"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), StatusCode::kIoError);
+  EXPECT_NE(r.error().message().find("missing.gguf"), std::string::npos);
+  ASSERT_TRUE(WriteFileAtomic(Path("junk.gguf"), "GGUF", 4).ok());
+  auto junk = GgufFile::Open(Path("junk.gguf"));
+  ASSERT_FALSE(junk.ok());
+  EXPECT_EQ(junk.error().message().rfind(Path("junk.gguf") + ": truncated at offset 4", 0), 0u)
+      << junk.error().message();
+}
+
 // ------------------------------------------------------------ the real model
 
 TEST_F(GgufTest, ReadsStories260K) {

@@ -3,19 +3,21 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "common/mapped_file.h"
 #include "model/hf_writer.h"
 #include "model/safetensors.h"
+#include "tests/support/reference_forward.h"
 #include "tests/support/test_env.h"
 
 namespace strata {
@@ -31,12 +33,13 @@ struct Spec {
   bool bias = false;
   RopeStyle style = RopeStyle::kNeox;
   RopeScaling scaling;
+  bool real = false;  // F32 values in [-0.5, 0.5) instead of random bytes
   int dim = 32, layers = 2, heads = 4, kv_heads = 2, ffn = 24, vocab = 40;
 };
 
 class Builder {
  public:
-  Builder(ModelWeights& w, uint32_t seed) : w_(w), rng_(seed) {}
+  Builder(ModelWeights& w, uint32_t seed, bool real = false) : w_(w), rng_(seed), real_(real) {}
   Tensor Make(const std::string& name, DType type, std::vector<int64_t> ne) {
     Tensor t;
     t.name = name;
@@ -44,7 +47,15 @@ class Builder {
     t.ne = std::move(ne);
     t.nbytes = RowBytes(type, t.cols()) * static_cast<size_t>(t.rows());
     std::vector<uint8_t> bytes(t.nbytes);
-    for (auto& b : bytes) b = static_cast<uint8_t>(rng_());
+    if (real_ && type == DType::kF32) {
+      std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+      for (size_t i = 0; i < bytes.size(); i += 4) {
+        float v = u(rng_);
+        std::memcpy(&bytes[i], &v, 4);
+      }
+    } else {
+      for (auto& b : bytes) b = static_cast<uint8_t>(rng_());
+    }
     t.data = w_.Own(std::move(bytes));
     return t;
   }
@@ -52,6 +63,7 @@ class Builder {
  private:
   ModelWeights& w_;
   std::mt19937 rng_;
+  bool real_;
 };
 
 ModelWeights MakeWeights(const Spec& s, uint32_t seed = 7) {
@@ -73,7 +85,7 @@ ModelWeights MakeWeights(const Spec& s, uint32_t seed = 7) {
   c.rope_scaling = s.scaling;
   c.tied_embeddings = s.tied;
   c.qkv_bias = s.bias;
-  Builder b(w, seed);
+  Builder b(w, seed, s.real);
   const int64_t dim = c.dim, q = c.q_dim(), kv = c.kv_dim(), ffn = c.ffn_dim;
   w.tok_embd = b.Make("token_embd.weight", s.type, {dim, c.vocab_size});
   w.output_norm = b.Make("output_norm.weight", DType::kF32, {dim});
@@ -283,11 +295,13 @@ TEST_F(HfModelTest, ShardedLoadsTheSame) {
   EXPECT_FALSE(fs::exists(dir + "/tokenizer.json"));  // empty: not written
   auto index = ReadJson(dir + "/model.safetensors.index.json");
   std::set<std::string> shards;
-  for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
+  for (const auto& [name, file] : index["weight_map"].items())
+    shards.insert(file.get<std::string>());
   ASSERT_GE(shards.size(), 3u);
   char first[64], last[64];
   std::snprintf(first, sizeof first, "model-00001-of-%05zu.safetensors", shards.size());
-  std::snprintf(last, sizeof last, "model-%05zu-of-%05zu.safetensors", shards.size(), shards.size());
+  std::snprintf(last, sizeof last, "model-%05zu-of-%05zu.safetensors", shards.size(),
+                shards.size());
   EXPECT_TRUE(shards.count(first));
   EXPECT_TRUE(shards.count(last));
   uint64_t total = 0;
@@ -413,8 +427,11 @@ TEST_F(HfModelTest, InterleavedWeightsArePermutedOnExport) {
       ASSERT_EQ(got.nbytes, in.nbytes);
       for (int h = 0; h < heads; ++h)
         for (int i = 0; i < hd / 2; ++i) {
-          EXPECT_EQ(std::memcmp(got.data + (h * hd + i) * rb, in.data + (h * hd + 2 * i) * rb, rb), 0);
-          EXPECT_EQ(std::memcmp(got.data + (h * hd + hd / 2 + i) * rb, in.data + (h * hd + 2 * i + 1) * rb, rb), 0);
+          EXPECT_EQ(std::memcmp(got.data + (h * hd + i) * rb, in.data + (h * hd + 2 * i) * rb, rb),
+                    0);
+          EXPECT_EQ(std::memcmp(got.data + (h * hd + hd / 2 + i) * rb,
+                                in.data + (h * hd + 2 * i + 1) * rb, rb),
+                    0);
         }
     };
     check(g.wq, e.wq, c.n_heads, false);
@@ -428,6 +445,47 @@ TEST_F(HfModelTest, InterleavedWeightsArePermutedOnExport) {
   EXPECT_EQ(m->weights.config.rope_style, RopeStyle::kNeox);
 }
 
+// What llama.cpp stores as rope_freqs.weight for Llama-3 scaling (factor 8).
+std::vector<float> Llama3FreqFactors(const ModelConfig& c) {
+  ModelConfig l3 = c;
+  l3.rope_scaling.type = RopeScaling::Type::kLlama3;
+  l3.rope_scaling.factor = 8.0f;
+  std::vector<float> plain(c.head_dim / 2), scaled(c.head_dim / 2), out;
+  ComputeRopeInvFreq(c, plain.data());
+  ComputeRopeInvFreq(l3, scaled.data());
+  for (size_t i = 0; i < plain.size(); ++i) out.push_back(plain[i] / scaled[i]);
+  return out;
+}
+
+double MaxLogitDiff(const ModelWeights& a, const ModelWeights& b) {
+  const std::vector<int32_t> tokens = {1, 5, 9, 3, 7, 2, 30, 11, 4, 39};
+  auto la = testing::ReferenceModel(a).Forward(tokens);
+  auto lb = testing::ReferenceModel(b).Forward(tokens);
+  double diff = 0;
+  for (size_t p = 0; p < la.size(); ++p)
+    for (size_t v = 0; v < la[p].size(); ++v) diff = std::max(diff, std::fabs(la[p][v] - lb[p][v]));
+  return diff;
+}
+
+TEST_F(HfModelTest, ExportedGgufModelComputesTheSameLogits) {
+  Spec s;
+  s.style = RopeStyle::kInterleaved;
+  s.bias = true;
+  s.real = true;
+  ModelWeights w = MakeWeights(s);
+  w.config.rope_freq_factors = Llama3FreqFactors(w.config);
+  std::string dir = NewDir("same");
+  ASSERT_TRUE(WriteHfModel(dir, w, "", "").ok());
+  auto m = LoadHfModel(dir);
+  ASSERT_TRUE(m.ok()) << m.error().ToString();
+  EXPECT_LT(MaxLogitDiff(w, m->weights), 1e-4);
+
+  // Control: the same HF checkpoint without the permutation would differ.
+  ModelWeights unpermuted = MakeWeights(s);
+  unpermuted.config = m->weights.config;
+  EXPECT_GT(MaxLogitDiff(w, unpermuted), 1e-2);
+}
+
 TEST_F(HfModelTest, GgufFreqFactorsBecomeLlama3Scaling) {
   Spec s;
   s.style = RopeStyle::kInterleaved;
@@ -439,7 +497,8 @@ TEST_F(HfModelTest, GgufFreqFactorsBecomeLlama3Scaling) {
   std::vector<float> plain(l3.head_dim / 2), scaled(l3.head_dim / 2);
   ComputeRopeInvFreq(w.config, plain.data());
   ComputeRopeInvFreq(l3, scaled.data());
-  for (size_t i = 0; i < plain.size(); ++i) w.config.rope_freq_factors.push_back(plain[i] / scaled[i]);
+  for (size_t i = 0; i < plain.size(); ++i)
+    w.config.rope_freq_factors.push_back(plain[i] / scaled[i]);
   ASSERT_GT(w.config.rope_freq_factors.back(), 7.9f);  // exercises both the band and the tail
   ASSERT_GT(w.config.rope_freq_factors[plain.size() - 2], 1.1f);
 
@@ -622,24 +681,29 @@ TEST(ParseHfConfigTest, DefaultsAndVariants) {
       "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100,
       "max_position_embeddings": 32768)";
   // Mistral's sliding window below the context clamps the context.
-  c = ParseHfConfig(R"({"architectures": ["MistralForCausalLM"], "sliding_window": 4096, )" + base + "}");
+  c = ParseHfConfig(R"({"architectures": ["MistralForCausalLM"], "sliding_window": 4096, )" + base +
+                    "}");
   ASSERT_TRUE(c.ok()) << c.error().ToString();
   EXPECT_EQ(c->context_length, 4096);
   // Qwen2 ignores sliding_window unless use_sliding_window; always has biases.
   c = ParseHfConfig(R"({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096,
-      "use_sliding_window": false, "tie_word_embeddings": true, )" + base + "}");
+      "use_sliding_window": false, "tie_word_embeddings": true, )" +
+                    base + "}");
   ASSERT_TRUE(c.ok()) << c.error().ToString();
   EXPECT_EQ(c->context_length, 32768);
   EXPECT_TRUE(c->qkv_bias);
   EXPECT_TRUE(c->tied_embeddings);
   // transformers v5 rope_parameters; "type" instead of "rope_type".
-  c = ParseHfConfig(R"({"model_type": "llama", "rope_parameters": {"rope_type": "linear", "factor": 2.0,
-      "rope_theta": 500000.0}, )" + base + "}");
+  c = ParseHfConfig(
+      R"({"model_type": "llama", "rope_parameters": {"rope_type": "linear", "factor": 2.0,
+      "rope_theta": 500000.0}, )" +
+      base + "}");
   ASSERT_TRUE(c.ok()) << c.error().ToString();
   EXPECT_EQ(c->rope_theta, 500000.0f);
   EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
   EXPECT_EQ(c->rope_scaling.factor, 2.0f);
-  c = ParseHfConfig(R"({"model_type": "llama", "rope_scaling": {"type": "default"}, )" + base + "}");
+  c = ParseHfConfig(R"({"model_type": "llama", "rope_scaling": {"type": "default"}, )" + base +
+                    "}");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
 

@@ -176,7 +176,8 @@ TEST_F(SafetensorsTest, MalformedFiles) {
   const std::vector<uint8_t> data24(24, 0);
   const std::string ok_entry = R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})";
   ExpectOpenError("\x05\x00\x00", StatusCode::kCorrupt, "truncated");
-  ExpectOpenError(RawFile(ok_entry, data24, 1000), StatusCode::kCorrupt, "past the end of the file");
+  ExpectOpenError(RawFile(ok_entry, data24, 1000), StatusCode::kCorrupt,
+                  "past the end of the file");
   ExpectOpenError(RawFile(ok_entry, data24, 1ull << 40), StatusCode::kCorrupt, "absurd");
   ExpectOpenError(RawFile("{\"w\": {\"dtype\": ", data24), StatusCode::kCorrupt, "not valid JSON");
   ExpectOpenError(RawFile("[1, 2]", data24), StatusCode::kCorrupt, "not a JSON object");
@@ -194,15 +195,18 @@ TEST_F(SafetensorsTest, MalformedFiles) {
                   StatusCode::kCorrupt, "dtype");
   ExpectOpenError(RawFile(R"({"w":[1]})", data24), StatusCode::kCorrupt, "'w'");
   ExpectOpenError(RawFile(R"({"__metadata__":{"k":1}})", data24), StatusCode::kCorrupt, "'k'");
-  ExpectOpenError(RawFile(R"({"w":{"dtype":"F32","shape":[9223372036854775807,4],"data_offsets":[0,24]}})",
-                          data24),
-                  StatusCode::kCorrupt, "too large");
+  ExpectOpenError(
+      RawFile(R"({"w":{"dtype":"F32","shape":[9223372036854775807,4],"data_offsets":[0,24]}})",
+              data24),
+      StatusCode::kCorrupt, "too large");
   ExpectOpenError(RawFile(R"({"q":{"dtype":"I8","shape":[24],"data_offsets":[0,24]}})", data24),
                   StatusCode::kUnsupported, "'q' has dtype I8");
-  ExpectOpenError(RawFile(R"({"q":{"dtype":"F8_E4M3","shape":[24],"data_offsets":[0,24]}})", data24),
-                  StatusCode::kUnsupported, "F8_E4M3");
-  ExpectOpenError(RawFile(R"({"w":{"dtype":"F32","shape":[1,1,1,2,3],"data_offsets":[0,24]}})", data24),
-                  StatusCode::kUnsupported, "dimensions");
+  ExpectOpenError(
+      RawFile(R"({"q":{"dtype":"F8_E4M3","shape":[24],"data_offsets":[0,24]}})", data24),
+      StatusCode::kUnsupported, "F8_E4M3");
+  ExpectOpenError(
+      RawFile(R"({"w":{"dtype":"F32","shape":[1,1,1,2,3],"data_offsets":[0,24]}})", data24),
+      StatusCode::kUnsupported, "dimensions");
 }
 
 TEST_F(SafetensorsTest, MissingFileIsIoError) {
@@ -226,7 +230,8 @@ TEST_F(SafetensorsTest, WriterRejectsBadTensors) {
   EXPECT_EQ(quant.code(), StatusCode::kUnsupported);
   EXPECT_THAT(quant.message(), HasSubstr("q8_0"));
   EXPECT_EQ(w.Add("d", DType::kF32, {-1}, buf.data(), 0).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(w.Add("__metadata__", DType::kF32, {4}, buf.data(), 16).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.Add("__metadata__", DType::kF32, {4}, buf.data(), 16).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(w.size(), 1u);  // failed adds left nothing behind
   Status bad_dir = w.Write(Path("no/such/dir/x.safetensors"));
   EXPECT_EQ(bad_dir.code(), StatusCode::kIoError);

@@ -1,0 +1,271 @@
+#include "model/backend/cpu/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/backend/cpu/cpu_features.h"
+#include "model/backend/cpu/matmul_internal.h"
+#include "model/backend/cpu/quant.h"
+
+namespace strata::cpu {
+namespace {
+
+using internal::BlasLibrary;
+using internal::GemmThreading;
+using internal::MatMulOptions;
+
+constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ4_0,
+                               DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+std::vector<SimdLevel> Levels() {
+  std::vector<SimdLevel> v;
+  for (int l = 0; l <= static_cast<int>(DetectedSimdLevel()); ++l) v.push_back(static_cast<SimdLevel>(l));
+  return v;
+}
+
+class LevelScope {
+ public:
+  explicit LevelScope(SimdLevel l) { SetSimdLevelOverride(l); }
+  ~LevelScope() { SetSimdLevelOverride(std::nullopt); }
+};
+
+// A weight of `rows` x `cols` random Gaussian values stored as `type`, with
+// its exact f32 decode.
+struct TestWeight {
+  std::vector<uint8_t> bytes;
+  std::vector<float> dense;  // DequantizeRow of bytes
+  Tensor tensor;
+};
+
+TestWeight MakeWeight(DType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> src(rows * cols);
+  for (auto& v : src) v = g(rng);
+  TestWeight w;
+  const size_t row_bytes = RowBytes(type, cols);
+  w.bytes.resize(row_bytes * rows);
+  w.dense.resize(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    QuantizeRow(type, src.data() + r * cols, w.bytes.data() + r * row_bytes, cols);
+    DequantizeRow(type, w.bytes.data() + r * row_bytes, w.dense.data() + r * cols, cols);
+  }
+  w.tensor.name = "w";
+  w.tensor.type = type;
+  w.tensor.ne = {cols, rows};
+  w.tensor.data = w.bytes.data();
+  w.tensor.nbytes = w.bytes.size();
+  return w;
+}
+
+std::vector<float> RandomX(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = g(rng);
+  return x;
+}
+
+// The double-precision product of the decoded weights, and for each output
+// the scale of a float dot product's rounding error: sum |w_k x_k| (plain
+// |ref| is not a scale: it can cancel to ~0).
+struct Reference {
+  std::vector<double> value;
+  std::vector<double> magnitude;
+};
+
+Reference Compute(const TestWeight& w, const std::vector<float>& x, int64_t n_tokens) {
+  const int64_t rows = w.tensor.rows(), cols = w.tensor.cols();
+  Reference ref;
+  ref.value.resize(n_tokens * rows);
+  ref.magnitude.resize(n_tokens * rows);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double v = 0, mag = 0;
+      for (int64_t k = 0; k < cols; ++k) {
+        const double p = double{w.dense[r * cols + k]} * x[t * cols + k];
+        v += p;
+        mag += std::fabs(p);
+      }
+      ref.value[t * rows + r] = v;
+      ref.magnitude[t * rows + r] = mag;
+    }
+  }
+  return ref;
+}
+
+void ExpectMatches(const Reference& ref, const std::vector<float>& y, double tol,
+                   const std::string& what) {
+  ASSERT_EQ(y.size(), ref.value.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double err = std::fabs(y[i] - ref.value[i]);
+    ASSERT_LE(err, tol * ref.magnitude[i] + 1e-30)
+        << what << " output " << i << " y=" << y[i] << " ref=" << ref.value[i];
+  }
+}
+
+void ExpectMatches(const TestWeight& w, const std::vector<float>& x, int64_t n_tokens,
+                   const std::vector<float>& y, double tol, const std::string& what) {
+  ExpectMatches(Compute(w, x, n_tokens), y, tol, what);
+}
+
+double Tolerance(DType t) { return t == DType::kF32 ? 1e-5 : 1e-4; }
+
+int64_t ColsFor(DType t) {
+  // Plain types get a column count that is not a multiple of any vector
+  // width, to cover the kernels' tails; K-quants two super-blocks.
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16: return 333;
+    case DType::kQ4_0:
+    case DType::kQ8_0: return 96;
+    default: return 512;
+  }
+}
+
+// Every type, odd row counts, batch sizes on both sides of the sgemm
+// threshold, 1 and 2 threads, every SIMD level.
+TEST(MatMulTest, MatchesDoubleReference) {
+  ThreadPool one(1), two(2);
+  for (DType type : kAllTypes) {
+    const int64_t cols = ColsFor(type);
+    for (int64_t rows : {1, 7, 65, 300}) {
+      const TestWeight w = MakeWeight(type, rows, cols, static_cast<uint32_t>(rows * 31 + cols));
+      for (int64_t n_tokens : {1, 2, 5, 17, 64, 129}) {
+        const std::vector<float> x = RandomX(n_tokens * cols, static_cast<uint32_t>(n_tokens));
+        const Reference ref = Compute(w, x, n_tokens);
+        for (SimdLevel level : Levels()) {
+          LevelScope scope(level);
+          for (ThreadPool* pool : {&one, &two}) {
+            std::vector<float> y(n_tokens * rows, -1.f);
+            MatMul(w.tensor, x.data(), n_tokens, y.data(), *pool);
+            const std::string what = std::string(DTypeName(type)) + " rows=" + std::to_string(rows) +
+                                     " n=" + std::to_string(n_tokens) + " " +
+                                     std::string(SimdLevelName(level)) +
+                                     " threads=" + std::to_string(pool->num_threads());
+            ExpectMatches(ref, y, Tolerance(type), what);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Each strategy on its own, at batch sizes where it would not be the default.
+TEST(MatMulTest, EveryStrategyMatches) {
+  ThreadPool two(2);
+  struct Strategy {
+    const char* name;
+    MatMulOptions options;
+  };
+  std::vector<Strategy> strategies;
+  strategies.push_back({"dot", {.gemm_min_tokens = std::numeric_limits<int64_t>::max()}});
+  for (BlasLibrary lib : {BlasLibrary::kDnnl, BlasLibrary::kOpenBlas}) {
+    if (!internal::BlasAvailable(lib)) continue;
+    for (GemmThreading th : {GemmThreading::kPoolTiles, GemmThreading::kBlasThreads}) {
+      strategies.push_back({internal::BlasName(lib),
+                            {.gemm_min_tokens = 1, .tile_rows = 16, .threading = th, .blas = lib}});
+    }
+  }
+  for (DType type : kAllTypes) {
+    const int64_t cols = ColsFor(type);
+    const TestWeight w = MakeWeight(type, 77, cols, 5);
+    for (int64_t n_tokens : {1, 3, 9, 40}) {
+      const std::vector<float> x = RandomX(n_tokens * cols, 9);
+      const Reference ref = Compute(w, x, n_tokens);
+      for (const Strategy& s : strategies) {
+        std::vector<float> y(n_tokens * 77, -1.f);
+        internal::MatMulWithOptions(w.tensor, x.data(), n_tokens, y.data(), two, s.options);
+        ExpectMatches(ref, y, Tolerance(type),
+                      std::string(DTypeName(type)) + " " + s.name + " n=" + std::to_string(n_tokens));
+      }
+    }
+  }
+}
+
+// The SIMD dot kernels and the scalar reference kernels agree closely on
+// realistic shapes (same decoded weights, different summation order).
+TEST(MatMulTest, ScalarAndSimdAgree) {
+  ThreadPool two(2);
+  for (DType type : kAllTypes) {
+    const TestWeight w = MakeWeight(type, 40, 2048, 11);
+    const std::vector<float> x = RandomX(3 * 2048, 12);
+    std::vector<float> want(3 * 40);
+    {
+      LevelScope scope(SimdLevel::kScalar);
+      MatMul(w.tensor, x.data(), 3, want.data(), two);
+    }
+    for (SimdLevel level : Levels()) {
+      LevelScope scope(level);
+      std::vector<float> got(3 * 40);
+      MatMul(w.tensor, x.data(), 3, got.data(), two);
+      ExpectMatches(w, x, 3, got, Tolerance(type), std::string(SimdLevelName(level)));
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << DTypeName(type) << " " << i;
+      }
+    }
+  }
+}
+
+TEST(MatMulTest, ThreeDimensionalWeightUsesAllRows) {
+  ThreadPool two(2);
+  TestWeight w = MakeWeight(DType::kQ8_0, 6, 64, 3);
+  w.tensor.ne = {64, 2, 3};
+  ASSERT_EQ(w.tensor.rows(), 6);
+  const std::vector<float> x = RandomX(64, 4);
+  std::vector<float> y(6);
+  MatMul(w.tensor, x.data(), 1, y.data(), two);
+  ExpectMatches(w, x, 1, y, 1e-4, "3d");
+}
+
+TEST(MatMulTest, ValidateRejectsBadWeights) {
+  TestWeight w = MakeWeight(DType::kQ4_K, 4, 256, 1);
+  EXPECT_TRUE(ValidateMatMulWeight(w.tensor).ok());
+
+  Tensor t = w.tensor;
+  t.ne = {200, 4};  // not a multiple of 256
+  EXPECT_EQ(ValidateMatMulWeight(t).code(), StatusCode::kInvalidArgument);
+  t = w.tensor;
+  t.nbytes -= 1;
+  EXPECT_EQ(ValidateMatMulWeight(t).code(), StatusCode::kInvalidArgument);
+  t = w.tensor;
+  t.data = nullptr;
+  EXPECT_EQ(ValidateMatMulWeight(t).code(), StatusCode::kInvalidArgument);
+  t = w.tensor;
+  t.ne = {};
+  EXPECT_EQ(ValidateMatMulWeight(t).code(), StatusCode::kInvalidArgument);
+  t = w.tensor;
+  t.ne = {256, -4};
+  EXPECT_EQ(ValidateMatMulWeight(t).code(), StatusCode::kInvalidArgument);
+  t = w.tensor;
+  t.type = static_cast<DType>(3);  // q4_1: not supported
+  EXPECT_EQ(ValidateMatMulWeight(t).code(), StatusCode::kUnsupported);
+}
+
+TEST(MatMulTest, InvalidWeightGivesNaNNotACrash) {
+  ThreadPool two(2);
+  TestWeight w = MakeWeight(DType::kQ4_K, 4, 256, 1);
+  Tensor t = w.tensor;
+  t.ne = {200, 4};
+  const std::vector<float> x = RandomX(2 * 200, 1);
+  std::vector<float> y(8, 0.f);
+  MatMul(t, x.data(), 2, y.data(), two);
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
+  t = w.tensor;
+  t.type = static_cast<DType>(3);
+  MatMul(t, x.data(), 2, y.data(), two);
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
+  // Nothing to do: no write at all.
+  MatMul(w.tensor, x.data(), 0, nullptr, two);
+}
+
+}  // namespace
+}  // namespace strata::cpu
