@@ -1,0 +1,88 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+#include <vector>
+
+#include "common/config.h"
+#include "common/sha256.h"
+#include "common/strong_id.h"
+#include "common/thread_pool.h"
+
+namespace strata {
+namespace {
+
+TEST(Sha256Test, KnownVectors) {
+  // FIPS 180-2 examples.
+  EXPECT_EQ(ToHex(Sha256Of("abc", 3)), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(ToHex(Sha256Of("", 0)), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  Sha256 h;
+  h.Update("ab");
+  h.Update("c");
+  EXPECT_EQ(ToHex(h.Finish()), ToHex(Sha256Of("abc", 3)));
+}
+
+TEST(StrongIdTest, DistinctTypesCompare) {
+  BlockId a(3), b(4);
+  EXPECT_LT(a, b);
+  EXPECT_EQ(a, BlockId(3));
+  static_assert(!std::is_convertible_v<BlockId, RequestId>);
+  EXPECT_EQ(std::hash<BlockId>()(a), std::hash<uint32_t>()(3));
+}
+
+TEST(ThreadPoolTest, RunsEveryTaskOnce) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<std::atomic<int>> hits(97);
+    pool.Run(97, [&](int t) { hits[t].fetch_add(1); });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  }
+}
+
+TEST(ThreadPoolTest, ParallelForCoversRangeExactly) {
+  ThreadPool pool(2);
+  for (size_t n : {0u, 1u, 5u, 1000u}) {
+    std::vector<int> v(n, 0);
+    pool.ParallelFor(n, 3, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) v[i] += 1;
+    });
+    EXPECT_EQ(std::accumulate(v.begin(), v.end(), 0), static_cast<int>(n));
+  }
+}
+
+TEST(ThreadPoolTest, NestedCallsRunInline) {
+  ThreadPool pool(2);
+  std::atomic<int> total{0};
+  pool.Run(4, [&](int) { pool.Run(3, [&](int) { total.fetch_add(1); }); });
+  EXPECT_EQ(total.load(), 12);
+}
+
+TEST(ConfigTest, TypedGettersAndErrorsNameTheKey) {
+  auto c = Config::Parse("kv:\n  block_size: 32\n  dtype: f16\n  host_bytes: 4G\nengine:\n  threads: two\n", "t.yaml");
+  ASSERT_TRUE(c) << c.error().ToString();
+  EXPECT_EQ(*c->GetInt("kv.block_size", 16), 32);
+  EXPECT_EQ(*c->GetInt("kv.missing", 16), 16);
+  EXPECT_EQ(*c->GetString("kv.dtype", ""), "f16");
+  EXPECT_EQ(*c->GetBytes("kv.host_bytes", 0), 4ull << 30);
+  auto bad = c->GetInt("engine.threads", 0);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("engine.threads"), std::string::npos);
+  Status unknown = c->CheckKnownKeys({"kv.block_size", "kv.dtype", "kv.host_bytes"});
+  EXPECT_NE(unknown.message().find("unknown key 'engine.threads'"), std::string::npos) << unknown.message();
+  EXPECT_FALSE(Config::Parse("a: [1, 2", "broken.yaml"));
+}
+
+TEST(ConfigTest, ByteSizes) {
+  EXPECT_EQ(*ParseByteSize("512K"), 512u << 10);
+  EXPECT_EQ(*ParseByteSize("64M"), 64u << 20);
+  EXPECT_EQ(*ParseByteSize("1GiB"), 1u << 30);
+  EXPECT_EQ(*ParseByteSize("123"), 123u);
+  EXPECT_EQ(*ParseByteSize("0"), 0u);
+  EXPECT_FALSE(ParseByteSize("12X"));
+  EXPECT_FALSE(ParseByteSize("G"));
+  EXPECT_FALSE(ParseByteSize("99999999999999999999"));
+  EXPECT_FALSE(ParseByteSize("17179869184T"));
+}
+
+}  // namespace
+}  // namespace strata

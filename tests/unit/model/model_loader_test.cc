@@ -1,0 +1,178 @@
+// Loading models from GGUF: architecture metadata, tensor checks, tokenizer
+// metadata, BOS rules, and clear errors for files that are not usable.
+
+#include "model/model_loader.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+
+#include "model/gguf_export.h"
+#include "model/gguf_model.h"
+#include "model/gguf_tokenizer.h"
+#include "model/gguf_writer.h"
+#include "model/synth.h"
+#include "tests/support/test_env.h"
+
+namespace strata {
+namespace {
+
+ModelConfig Small() {
+  auto c = SynthPresetConfig("tiny", 0);
+  return *c;
+}
+
+std::string WriteSynthetic(const ModelConfig& c, DType dtype, const std::string& name) {
+  std::string path = testing::MakeTempDir("strata-loader-") + "/" + name + ".gguf";
+  SynthOptions opt;
+  opt.dtype = dtype;
+  Status s = WriteSyntheticGguf(c, SyntheticVocab(c.vocab_size), opt, path);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return path;
+}
+
+TEST(ModelLoader, SyntheticGgufRoundTripsConfigAndWeights) {
+  ModelConfig c = Small();
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+    std::string path = WriteSynthetic(c, t, "m");
+    auto m = LoadModel(path);
+    ASSERT_TRUE(m) << m.error().ToString();
+    const ModelConfig& got = (*m)->weights.config;
+    EXPECT_EQ(got.dim, c.dim);
+    EXPECT_EQ(got.n_layers, c.n_layers);
+    EXPECT_EQ(got.n_heads, c.n_heads);
+    EXPECT_EQ(got.n_kv_heads, c.n_kv_heads);
+    EXPECT_EQ(got.ffn_dim, c.ffn_dim);
+    EXPECT_EQ(got.vocab_size, c.vocab_size);
+    EXPECT_EQ(got.rope_style, RopeStyle::kInterleaved);
+    EXPECT_TRUE((*m)->synthetic);
+    EXPECT_EQ((*m)->id, "m");
+    EXPECT_EQ((*m)->weights.layers[0].wq.type, t);
+    // The bytes in the file are the synthetic generator's bytes.
+    auto mem = MakeSyntheticWeights(c, SynthOptions{t, 1, 0.0f});
+    ASSERT_TRUE(mem);
+    const Tensor& a = (*m)->weights.layers[1].w_down;
+    const Tensor& b = mem->layers[1].w_down;
+    ASSERT_EQ(a.nbytes, b.nbytes);
+    EXPECT_EQ(0, std::memcmp(a.data, b.data, a.nbytes));
+    EXPECT_EQ((*m)->weights.digest, mem->digest);
+  }
+}
+
+TEST(ModelLoader, DigestDiffersAcrossWeights) {
+  ModelConfig c = Small();
+  auto a = MakeSyntheticWeights(c, SynthOptions{DType::kF32, 1, 0.0f});
+  auto b = MakeSyntheticWeights(c, SynthOptions{DType::kF32, 2, 0.0f});
+  auto q = MakeSyntheticWeights(c, SynthOptions{DType::kQ8_0, 1, 0.0f});
+  EXPECT_NE(a->digest, b->digest);
+  EXPECT_NE(a->digest, q->digest);
+  EXPECT_EQ(a->digest.size(), 64u);
+}
+
+TEST(ModelLoader, BosIsAddedOnceAndChatRendered) {
+  auto m = LoadModel(testing::Stories260KPath());
+  ASSERT_TRUE(m) << m.error().ToString();
+  std::vector<int32_t> ids = TokenizePrompt(**m, "Once upon a time");
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids[0], 1);
+  // Text that already starts with the BOS text does not get a second BOS.
+  std::vector<int32_t> again = TokenizePrompt(**m, "<s>Once upon a time");
+  EXPECT_EQ(again, ids);
+  // stories260K has no chat template: the plain format, BOS once.
+  auto chat = TokenizeChat(**m, {{"user", "Tell me a story."}});
+  ASSERT_TRUE(chat) << chat.error().ToString();
+  EXPECT_EQ((*m)->chat_family, ChatTemplateFamily::kPlain);
+  EXPECT_EQ((*chat)[0], 1);
+  EXPECT_NE((*chat)[1], 1);
+  auto bad = TokenizeChat(**m, {{"wizard", "hi"}});
+  EXPECT_FALSE(bad);
+}
+
+TEST(ModelLoader, ChatTemplateOverride) {
+  LoadOptions lo;
+  lo.chat_template = "chatml";
+  auto m = LoadModel(testing::Stories260KPath(), lo);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ((*m)->chat_family, ChatTemplateFamily::kChatML);
+  lo.chat_template = "no-such-format";
+  auto bad = LoadModel(testing::Stories260KPath(), lo);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("no-such-format"), std::string::npos);
+}
+
+// Writes a GGUF whose metadata or tensors are edited by `edit`.
+std::string WriteEdited(const std::function<void(ModelConfig&)>& cfg_edit, bool drop_tensor = false,
+                        const std::string& arch_override = "") {
+  ModelConfig c = Small();
+  cfg_edit(c);
+  auto w = MakeSyntheticWeights(Small(), SynthOptions{});
+  EXPECT_TRUE(w);
+  GgufWriter out;
+  const std::string a = (arch_override.empty() ? c.arch : arch_override) + ".";
+  out.SetString("general.architecture", arch_override.empty() ? c.arch : arch_override);
+  out.SetU32(a + "context_length", static_cast<uint32_t>(c.context_length));
+  out.SetU32(a + "embedding_length", static_cast<uint32_t>(c.dim));
+  out.SetU32(a + "block_count", static_cast<uint32_t>(c.n_layers));
+  out.SetU32(a + "feed_forward_length", static_cast<uint32_t>(c.ffn_dim));
+  out.SetU32(a + "attention.head_count", static_cast<uint32_t>(c.n_heads));
+  out.SetU32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
+  AddTokenizerToGguf(SyntheticVocab(c.vocab_size), &out);
+  auto add = [&](const std::string& n, const Tensor& t) {
+    if (t.present()) {
+      EXPECT_TRUE(out.AddTensor(n, t.type, t.ne, t.data, t.nbytes).ok());
+    }
+  };
+  add("token_embd.weight", w->tok_embd);
+  add("output_norm.weight", w->output_norm);
+  add("output.weight", w->output);
+  for (int i = 0; i < Small().n_layers; ++i) {
+    const LayerWeights& l = w->layers[i];
+    std::string p = "blk." + std::to_string(i) + ".";
+    add(p + "attn_norm.weight", l.attn_norm);
+    if (!(drop_tensor && i == 1)) add(p + "attn_q.weight", l.wq);
+    add(p + "attn_k.weight", l.wk);
+    add(p + "attn_v.weight", l.wv);
+    add(p + "attn_output.weight", l.wo);
+    add(p + "ffn_norm.weight", l.ffn_norm);
+    add(p + "ffn_gate.weight", l.w_gate);
+    add(p + "ffn_up.weight", l.w_up);
+    add(p + "ffn_down.weight", l.w_down);
+  }
+  std::string path = testing::MakeTempDir("strata-loader-") + "/edited.gguf";
+  EXPECT_TRUE(out.Write(path).ok());
+  return path;
+}
+
+TEST(ModelLoader, UnusableFilesGiveErrorsNamingTheProblem) {
+  auto expect_error = [](const std::string& path, const std::string& needle) {
+    auto m = LoadModel(path);
+    ASSERT_FALSE(m) << "loaded " << path;
+    EXPECT_NE(m.error().message().find(needle), std::string::npos) << m.error().message();
+  };
+  expect_error(WriteEdited([](ModelConfig&) {}, /*drop_tensor=*/true), "blk.1.attn_q.weight");
+  expect_error(WriteEdited([](ModelConfig& c) { c.ffn_dim = 100; }), "ffn_gate");
+  expect_error(WriteEdited([](ModelConfig& c) { c.n_kv_heads = 3; }), "KV head count 3");
+  expect_error(WriteEdited([](ModelConfig&) {}, false, "gpt-neox"), "architecture 'gpt-neox'");
+  expect_error("/nonexistent/x.gguf", "/nonexistent/x.gguf");
+  // The intact version of the same file loads.
+  EXPECT_TRUE(LoadModel(WriteEdited([](ModelConfig&) {})));
+}
+
+TEST(ModelLoader, DefaultModelIsWrittenOnceAndMarkedRandom) {
+  std::string dir = testing::MakeTempDir("strata-cache-");
+  setenv("STRATA_CACHE_DIR", dir.c_str(), 1);
+  auto p = EnsureDefaultModel();
+  ASSERT_TRUE(p) << p.error().ToString();
+  EXPECT_NE(p->find("random-weights"), std::string::npos);
+  auto m = LoadModel(*p);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_TRUE((*m)->synthetic);
+  EXPECT_NE((*m)->id.find("random"), std::string::npos);
+  auto again = EnsureDefaultModel();
+  EXPECT_EQ(*again, *p);
+  unsetenv("STRATA_CACHE_DIR");
+}
+
+}  // namespace
+}  // namespace strata
