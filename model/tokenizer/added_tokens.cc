@@ -13,9 +13,8 @@ void AddedTokenMatcher::Add(std::string_view piece, int32_t id) {
 void AddedTokenMatcher::Finish() {
   for (auto& list : by_first_) {
     // Longest first; on equal text the lowest id (stable).
-    std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) {
-      return a.first.size() > b.first.size();
-    });
+    std::stable_sort(list.begin(), list.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   }
 }
 

@@ -1,10 +1,9 @@
 // TokenizerSpecFromHfJson: Hugging Face tokenizer.json + tokenizer_config.json
 // -> TokenizerSpec.
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 
 #include "model/tokenizer/pretokenizer.h"
@@ -118,8 +117,8 @@ Status ParseNormalizerAndPre(const json& j, Parsed* p) {
     } else if (s.model == "gpt2" && type == "Split") {
       const std::string behavior = t->value("behavior", "Isolated");
       if (behavior != "Isolated" || t->value("invert", false)) {
-        return Status::Unsupported("tokenizer.json Split pre-tokenizer with behavior '" +
-                                   behavior + "'" + (t->value("invert", false) ? ", invert" : ""));
+        return Status::Unsupported("tokenizer.json Split pre-tokenizer with behavior '" + behavior +
+                                   "'" + (t->value("invert", false) ? ", invert" : ""));
       }
       s.pre_regexes.push_back(PatternOf(*t));
     } else if (s.model == "gpt2" && type == "ByteLevel") {

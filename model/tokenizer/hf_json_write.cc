@@ -1,8 +1,7 @@
 // TokenizerSpec -> Hugging Face tokenizer.json / tokenizer_config.json texts.
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <tuple>
 #include <unordered_map>
 
@@ -125,21 +124,24 @@ Result<std::string> TokenizerSpecToHfTokenizerJson(const TokenizerSpec& spec) {
     const bool metaspace = !s.space_prefix_scheme.empty();
     json normalizers = json::array();
     if (!metaspace) {
-      if (s.add_space_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", kSpaceMarker}});
+      if (s.add_space_prefix)
+        normalizers.push_back({{"type", "Prepend"}, {"prepend", kSpaceMarker}});
       normalizers.push_back(
           {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpaceMarker}});
       j["normalizer"] = {{"type", "Sequence"}, {"normalizers", normalizers}};
       j["pre_tokenizer"] = nullptr;
     } else {
       j["normalizer"] = nullptr;
-      j["pre_tokenizer"] = {{"type", "Metaspace"},
-                            {"replacement", kSpaceMarker},
-                            {"prepend_scheme", s.add_space_prefix ? s.space_prefix_scheme : "never"},
-                            {"split", false}};
+      j["pre_tokenizer"] = {
+          {"type", "Metaspace"},
+          {"replacement", kSpaceMarker},
+          {"prepend_scheme", s.add_space_prefix ? s.space_prefix_scheme : "never"},
+          {"split", false}};
     }
     j["post_processor"] = post;
     json decoders = json::array();
-    decoders.push_back({{"type", "Replace"}, {"pattern", {{"String", kSpaceMarker}}}, {"content", " "}});
+    decoders.push_back(
+        {{"type", "Replace"}, {"pattern", {{"String", kSpaceMarker}}}, {"content", " "}});
     decoders.push_back({{"type", "ByteFallback"}});
     decoders.push_back({{"type", "Fuse"}});
     if (s.add_space_prefix) {

@@ -16,8 +16,8 @@ void SpmModel::Encode(std::string_view text, std::vector<Symbol>* out) const {
   for (size_t pos = 0; pos < text.size();) {
     const size_t len = Utf8CharLen(text, pos);
     const int i = static_cast<int>(nodes.size());
-    nodes.push_back({static_cast<uint32_t>(pos), static_cast<uint32_t>(pos + len), i - 1, i + 1,
-                     true});
+    nodes.push_back(
+        {static_cast<uint32_t>(pos), static_cast<uint32_t>(pos + len), i - 1, i + 1, true});
     pos += len;
   }
   if (nodes.empty()) return;

@@ -106,9 +106,9 @@ class Tokenizer {
 
   TokenizerSpec spec_;
   std::unique_ptr<tokenizer_internal::Vocab> vocab_;
-  std::unique_ptr<tokenizer_internal::SpmModel> spm_;      // "llama" without merges
-  std::unique_ptr<tokenizer_internal::BpeModel> bpe_;      // merges present
-  std::unique_ptr<tokenizer_internal::RegexSplitter> pre_; // "gpt2"
+  std::unique_ptr<tokenizer_internal::SpmModel> spm_;                     // "llama" without merges
+  std::unique_ptr<tokenizer_internal::BpeModel> bpe_;                     // merges present
+  std::unique_ptr<tokenizer_internal::RegexSplitter> pre_;                // "gpt2"
   std::unique_ptr<tokenizer_internal::AddedTokenMatcher> always_tokens_;  // user-defined
   std::unique_ptr<tokenizer_internal::AddedTokenMatcher> all_added_;      // + control/unknown
 };

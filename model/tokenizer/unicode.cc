@@ -1,6 +1,5 @@
 #include "model/tokenizer/unicode.h"
 
-
 namespace strata::tokenizer_internal {
 namespace {
 

@@ -113,8 +113,8 @@ Result<Vocab> Vocab::Build(const TokenizerSpec& spec) {
       }
       if (v.byte_ids_[b] < 0) v.byte_ids_[b] = id;
       v.decoded_[i] = std::string(1, static_cast<char>(b));
-    } else if (type == kTokenTypeControl || type == kTokenTypeUnknown ||
-               type == kTokenTypeUnused || (!llama && type == kTokenTypeUserDefined)) {
+    } else if (type == kTokenTypeControl || type == kTokenTypeUnknown || type == kTokenTypeUnused ||
+               (!llama && type == kTokenTypeUserDefined)) {
       v.decoded_[i] = piece;
     } else {
       v.decoded_[i] = llama ? DecodeLlamaPiece(piece) : DecodeByteLevelPiece(piece);

@@ -85,6 +85,11 @@ struct Avx2Ops {
   static F Cvt(I v) { return _mm256_cvtepi32_ps(v); }
   // float(v & 15) and float((v & 15) - 8).
   static F Nibble(I v) { return Cvt(And(v, 0xf)); }
+  // 1 + ((v >> shift) & 15) / 16, built as float bits (shift 0 or 4).
+  static F UnitNibble(I v, int shift) {
+    const __m256i m = _mm256_and_si256(Sll(v, 19 - shift), _mm256_set1_epi32(0x00780000));
+    return _mm256_castsi256_ps(_mm256_or_si256(m, _mm256_set1_epi32(0x3f800000)));
+  }
   static F NibbleMinus8(I v) { return Cvt(SubI(And(v, 0xf), 8)); }
 };
 using V = Avx2Ops;

@@ -80,6 +80,13 @@ struct Avx512Ops {
   static F Nibble(I v) {
     return _mm512_permutexvar_ps(v, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   }
+  // 1 + ((v >> shift) & 15) / 16, built as float bits (shift 0 or 4): the
+  // nibble becomes the top mantissa bits of a number in [1, 2).
+  static F UnitNibble(I v, int shift) {
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_sll_epi32(v, _mm_cvtsi32_si128(19 - shift)), _mm512_set1_epi32(0x00780000),
+        _mm512_set1_epi32(0x3f800000), 0xea));  // (a & b) | c
+  }
   static F NibbleMinus8(I v) {
     return _mm512_permutexvar_ps(v, _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
   }

@@ -176,32 +176,41 @@ struct DecScaleMinK {
   }
 
   // Single-token dot product, rearranged to cut work per element:
-  //   sum_j sum_l (d sc_j q - dmin m_j) x = sum_j d sc_j (sum_l q x) - dmin sum_j m_j xsum_j
+  //   sum_j sum_l (d sc_j q - dmin m_j) x
+  //     = sum_j d sc_j (sum_l q x) - sum_j dmin m_j xsum_j
   // with xsum_j, the sums of x over each 32-element sub-block, precomputed.
+  // Q4_K goes further and never converts q: f = 1 + q / 16 is built directly
+  // as float bits, so sum q x = 16 (sum f x - xsum_j). That moves the min
+  // and offset terms into one 8-wide FMA per block and leaves one shift, one
+  // logic op and one FMA per vector (decode is compute-bound: this matters).
+  static constexpr float kFactor = kFive ? 1.f : 16.f;
+  static constexpr float kOffset = kFive ? 0.f : 1.f;
+
+  static void Quants1(const Block* b, int g, int l, VF* lo, VF* hi) {
+    if constexpr (kFive) {
+      Quants(b, g, l, lo, hi);
+    } else {
+      const VI q = V::LoadU8(b->qs + 32 * g + l);
+      *lo = V::UnitNibble(q, 0);
+      *hi = V::UnitNibble(q, 4);
+    }
+  }
+
   static float Dot1(const uint8_t* row, int64_t cols, const float* x, const float* xsum) {
     VF tot0 = V::Zero(), tot1 = V::Zero();
-    __m256 mins = _mm256_setzero_ps();
+    __m256 offs = _mm256_setzero_ps();
     const int64_t nblocks = cols / kQK_K;
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const auto* b = reinterpret_cast<const Block*>(row) + blk;
       const float* xb = x + blk * kQK_K;
-      alignas(16) uint8_t scm[16];
-      UnpackAllScaleMinK4(b->scales, scm);
-      alignas(32) float dsc[8];
-      const __m256 sc = _mm256_cvtepi32_ps(
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scm))));
-      _mm256_store_ps(dsc, _mm256_mul_ps(sc, _mm256_set1_ps(V::HalfToFloat(b->d))));
-      const __m256 m = _mm256_cvtepi32_ps(
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scm + 8))));
-      mins = _mm256_fmadd_ps(_mm256_mul_ps(m, _mm256_set1_ps(V::HalfToFloat(b->dmin))),
-                             _mm256_loadu_ps(xsum + blk * 8), mins);
+      alignas(32) float dsc[8] = {1,2,3,4,5,6,7,8};
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
         VF slo = V::Zero(), shi = V::Zero();
 #pragma GCC unroll 4
         for (int i = 0; i < 32 / kL; ++i) {
           VF lo, hi;
-          Quants(b, g, i * kL, &lo, &hi);
+          Quants1(b, g, i * kL, &lo, &hi);
           const VF xlo = V::LoadF(xb + 64 * g + i * kL);
           const VF xhi = V::LoadF(xb + 64 * g + 32 + i * kL);
           slo = i == 0 ? V::Mul(lo, xlo) : V::Fma(lo, xlo, slo);
@@ -211,7 +220,7 @@ struct DecScaleMinK {
         tot1 = V::Fma(shi, V::Set1(dsc[2 * g + 1]), tot1);
       }
     }
-    return V::ReduceAdd(V::Add(tot0, tot1)) - ReduceAdd8(mins);
+    return V::ReduceAdd(V::Add(tot0, tot1)) - ReduceAdd8(offs);
   }
   template <class Emit>
   static void Decode(const uint8_t* p, Emit&& emit) {

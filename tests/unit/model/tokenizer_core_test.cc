@@ -193,7 +193,8 @@ TokenizerSpec ByteLevelSpec() {
                                                        g + "wor", g + "worl", g + "world"}) {
     s.tokens.push_back(p);
   }
-  s.merges = {"h e", "l l", "he ll", "hell o", g + " w", "o r", g + "w or", g + "wor l", g + "worl d"};
+  s.merges = {"h e", "l l",      "he ll",     "hell o",    g + " w",
+              "o r", g + "w or", g + "wor l", g + "worl d"};
   s.tokens.push_back("<|endoftext|>");
   s.token_types.assign(s.tokens.size(), kTokenTypeNormal);
   s.token_types.back() = kTokenTypeControl;
@@ -209,9 +210,9 @@ TEST(ByteLevelBpe, MergesByRankAndRoundTripsAnyBytes) {
   EXPECT_EQ(ids, (std::vector<int32_t>{Id(*t, "hello"), Id(*t, "\xC4\xA0world")}));
   EXPECT_EQ(t->Decode(ids, true), "hello world");
   // Every byte string encodes; well-formed text round-trips exactly.
-  for (const std::string& text : {std::string(""), std::string(" "), std::string("  x\n\n"),
-                                 std::string("\t\r\n"), std::string("日本語 😀!"),
-                                 std::string("a\0b", 3)}) {
+  for (const std::string& text :
+       {std::string(""), std::string(" "), std::string("  x\n\n"), std::string("\t\r\n"),
+        std::string("日本語 😀!"), std::string("a\0b", 3)}) {
     EXPECT_EQ(t->Decode(t->Encode(text, true, true), true), text) << text;
   }
   // Ill-formed input is kept byte for byte; Decode repairs it.
@@ -256,8 +257,8 @@ TEST(ByteLevelBpe, PreTokenizerRegexesByName) {
   s.token_types.push_back(kTokenTypeNormal);
   // "12121": GPT-2 keeps the digit run whole ([12][12][1]); Llama-3 splits
   // it in threes ("121" "21": [12][1][2][1]); Qwen2 digit by digit.
-  for (const auto& [pre, count] : std::vector<std::pair<std::string, size_t>>{
-           {"gpt2", 3}, {"llama-bpe", 4}, {"qwen2", 5}}) {
+  for (const auto& [pre, count] :
+       std::vector<std::pair<std::string, size_t>>{{"gpt2", 3}, {"llama-bpe", 4}, {"qwen2", 5}}) {
     s.pre = pre;
     auto t = MustCreate(s);
     EXPECT_EQ(t->Encode("12121", false, false).size(), count) << pre;
@@ -273,10 +274,12 @@ TEST(Utf8Repair, MaximalSubpartsBecomeOneReplacementEach) {
   };
   const std::string r = "\xEF\xBF\xBD";
   EXPECT_EQ(repair("ok"), "ok");
-  EXPECT_EQ(repair("\xE2\x82"), r);                   // truncated: one
-  EXPECT_EQ(repair("\xE2\x82" "a"), r + "a");         // interrupted: one, then 'a'
-  EXPECT_EQ(repair("\xED\xA0\x80"), r + r + r);       // surrogate: three
-  EXPECT_EQ(repair("\xC0\xAF"), r + r);               // overlong: two
+  EXPECT_EQ(repair("\xE2\x82"), r);  // truncated: one
+  EXPECT_EQ(repair("\xE2\x82"
+                   "a"),
+            r + "a");                                    // interrupted: one, then 'a'
+  EXPECT_EQ(repair("\xED\xA0\x80"), r + r + r);          // surrogate: three
+  EXPECT_EQ(repair("\xC0\xAF"), r + r);                  // overlong: two
   EXPECT_EQ(repair("\xF4\x90\x80\x80"), r + r + r + r);  // > U+10FFFF
   EXPECT_EQ(repair("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
   std::string out;

@@ -4,13 +4,13 @@
 // @huggingface/tokenizers, gives llama.cpp's ids).
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "common/mapped_file.h"
@@ -25,14 +25,17 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 std::string SharedDir() {
-  const char* d = std::getenv("STRATA_SHARED_DIR");
-  return d != nullptr ? d : "../shared";
+  if (const char* d = std::getenv("STRATA_SHARED_DIR")) return d;
+  // <repo>/tests/unit/model/<this file> -> <repo>/../shared
+  return (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / ".." / ".." / "shared")
+      .string();
 }
 
 std::string ReferenceDir() {
   if (const char* d = std::getenv("STRATA_REFERENCE_DIR")) return d;
   if (const char* s = std::getenv("STRATA_SOURCE_DIR")) return std::string(s) + "/tests/reference";
-  return "tests/reference";
+  // tests/unit/model/<this file> -> tests/reference
+  return (fs::path(__FILE__).parent_path() / ".." / ".." / "reference").string();
 }
 
 bool RefsRequired() {
@@ -151,9 +154,8 @@ TEST(HfJsonRead, ErrorsNameTheProblem) {
   j["model"]["vocab"]["x"] = -5;
   expect(ReadError(j.dump()), StatusCode::kInvalidArgument, "out of range");
   j = json::parse(kMinimalByteLevel);
-  j["pre_tokenizer"] = {{"type", "Split"},
-                        {"pattern", {{"Regex", "\\s+"}}},
-                        {"behavior", "MergedWithPrevious"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "MergedWithPrevious"}};
   j["decoder"] = {{"type", "ByteLevel"}};
   expect(ReadError(j.dump()), StatusCode::kUnsupported, "MergedWithPrevious");
   // Neither byte-level nor SentencePiece-style: nothing maps spaces.
@@ -229,7 +231,8 @@ TEST(HfJsonWrite, IndependentReferenceLoadsWrittenStories260K) {
   const std::string ref_dir = ReferenceDir();
   if (!fs::exists(fs::path(ref_dir) / "node_modules" / "@huggingface" / "tokenizers") ||
       std::system("node --version >/dev/null 2>&1") != 0) {
-    if (RefsRequired()) FAIL() << "node or " << ref_dir << "/node_modules missing (STRATA_REQUIRE_REFS=1)";
+    if (RefsRequired())
+      FAIL() << "node or " << ref_dir << "/node_modules missing (STRATA_REQUIRE_REFS=1)";
     GTEST_SKIP() << "node or " << ref_dir
                  << "/node_modules missing; run scripts/setup-test-refs.sh to enable";
   }
@@ -237,19 +240,20 @@ TEST(HfJsonWrite, IndependentReferenceLoadsWrittenStories260K) {
   ASSERT_FALSE(spec.tokens.empty());
   auto tok = Tokenizer::Create(spec);
   ASSERT_TRUE(tok.ok());
-  const fs::path dir = fs::temp_directory_path() /
-                       ("strata_tok_" + std::to_string(::getpid()) + "_stories260K");
+  const fs::path dir =
+      fs::temp_directory_path() / ("strata_tok_" + std::to_string(::getpid()) + "_stories260K");
   fs::create_directories(dir);
   auto tj = TokenizerSpecToHfTokenizerJson(spec);
   auto tc = TokenizerSpecToHfConfigJson(spec);
   ASSERT_TRUE(tj.ok() && tc.ok());
   ASSERT_TRUE(WriteFileAtomic((dir / "tokenizer.json").string(), tj->data(), tj->size()).ok());
-  ASSERT_TRUE(WriteFileAtomic((dir / "tokenizer_config.json").string(), tc->data(), tc->size()).ok());
+  ASSERT_TRUE(
+      WriteFileAtomic((dir / "tokenizer_config.json").string(), tc->data(), tc->size()).ok());
 
   std::string out;
   {
-    const std::string cmd = "cd '" + ref_dir + "' && node tokenize.mjs --dir '" + dir.string() +
-                            "' --name stories260K";
+    const std::string cmd =
+        "cd '" + ref_dir + "' && node tokenize.mjs --dir '" + dir.string() + "' --name stories260K";
     FILE* pipe = popen(cmd.c_str(), "r");
     ASSERT_NE(pipe, nullptr);
     char buf[65536];

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -29,19 +30,20 @@ bool RefsRequired() {
   return v != nullptr && std::string(v) == "1";
 }
 
-#define SKIP_OR_FAIL(msg)                                                         \
-  do {                                                                            \
-    if (RefsRequired()) {                                                         \
-      FAIL() << (msg) << " (STRATA_REQUIRE_REFS=1)";                              \
-    } else {                                                                      \
-      GTEST_SKIP() << (msg) << "; run scripts/setup-test-refs.sh to enable";      \
-    }                                                                             \
+#define SKIP_OR_FAIL(msg)                                                    \
+  do {                                                                       \
+    if (RefsRequired()) {                                                    \
+      FAIL() << (msg) << " (STRATA_REQUIRE_REFS=1)";                         \
+    } else {                                                                 \
+      GTEST_SKIP() << (msg) << "; run scripts/setup-test-refs.sh to enable"; \
+    }                                                                        \
   } while (0)
 
 std::string ReferenceDir() {
   if (const char* d = std::getenv("STRATA_REFERENCE_DIR")) return d;
   if (const char* s = std::getenv("STRATA_SOURCE_DIR")) return std::string(s) + "/tests/reference";
-  return "tests/reference";
+  // tests/unit/model/<this file> -> tests/reference
+  return (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "reference").string();
 }
 
 // Runs `command`, returning its stdout; sets *ok to whether it exited 0.
@@ -81,37 +83,31 @@ const References& LoadReferences() {
       r.unavailable = "node is not on PATH";
       return r;
     }
-    // ctest runs each test in its own process: the output is cached in the
-    // build tree until the script or the installed packages change.
-    std::string cache;
-    if (const char* b = std::getenv("STRATA_BINARY_DIR")) {
-      cache = std::string(b) + "/tokenizer_reference_ids.json";
+    // ctest runs each test in its own process: the output is cached, under
+    // a name that changes with the script and the installed packages.
+    std::string key = dir;
+    for (const char* input :
+         {"tokenize.mjs", "package-lock.json", "node_modules/.package-lock.json"}) {
+      if (auto text = ReadFileToString((fs::path(dir) / input).string()); text.ok()) key += *text;
     }
-    std::string out;
-    std::error_code ec;
-    if (!cache.empty() && fs::exists(cache, ec)) {
-      const auto t = fs::last_write_time(cache, ec);
-      bool fresh = !ec;
-      for (const char* input : {"tokenize.mjs", "package-lock.json", "node_modules/.package-lock.json"}) {
-        const fs::path p = fs::path(dir) / input;
-        if (fs::exists(p, ec) && fs::last_write_time(p, ec) >= t) fresh = false;
-      }
-      if (fresh) {
-        if (auto text = ReadFileToString(cache); text.ok()) out = *text;
-      }
+    const char* b = std::getenv("STRATA_BINARY_DIR");
+    const fs::path cache =
+        (b != nullptr ? fs::path(b) : fs::temp_directory_path()) /
+        ("strata_tokenizer_refs_" + std::to_string(std::hash<std::string>()(key)) + ".json");
+    if (auto text = ReadFileToString(cache.string()); text.ok()) {
+      r.root = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (!r.root.is_discarded()) return r;  // else a broken cache: run again
     }
-    if (out.empty()) {
-      out = RunCommand("cd '" + dir + "' && node tokenize.mjs", &ok);
-      if (!ok) {
-        r.unavailable = "tokenize.mjs failed: " + out.substr(0, 500);
-        return r;
-      }
-      if (!cache.empty()) (void)WriteFileAtomic(cache, out.data(), out.size());
+    const std::string out = RunCommand("cd '" + dir + "' && node tokenize.mjs", &ok);
+    if (!ok) {
+      r.unavailable = "tokenize.mjs failed: " + out.substr(0, 500);
+      return r;
     }
-    try {
-      r.root = json::parse(out);
-    } catch (const json::exception& e) {
-      r.unavailable = std::string("tokenize.mjs printed no JSON: ") + e.what();
+    r.root = json::parse(out, nullptr, /*allow_exceptions=*/false);
+    if (r.root.is_discarded()) {
+      r.unavailable = "tokenize.mjs printed no JSON: " + out.substr(0, 500);
+    } else {
+      (void)WriteFileAtomic(cache.string(), out.data(), out.size());
     }
     return r;
   }();
@@ -131,8 +127,7 @@ std::string MetaspaceVariant(const std::string& tokenizer_json) {
 }
 
 // Tokenizer specs are costly to load (10 MB of JSON); cache per vocabulary.
-const Tokenizer* LoadTokenizer(const json& files, std::string* error,
-                               bool drop_merges = false) {
+const Tokenizer* LoadTokenizer(const json& files, std::string* error, bool drop_merges = false) {
   static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
   const std::string key = files.dump() + (drop_merges ? "/spm" : "");
   if (auto it = cache.find(key); it != cache.end()) return it->second.get();

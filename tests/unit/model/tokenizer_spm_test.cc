@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -23,8 +24,10 @@ namespace {
 using nlohmann::json;
 
 std::string SharedDir() {
-  const char* d = std::getenv("STRATA_SHARED_DIR");
-  return d != nullptr ? d : "../shared";
+  if (const char* d = std::getenv("STRATA_SHARED_DIR")) return d;
+  // <repo>/tests/unit/model/<this file> -> <repo>/../shared
+  return (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / ".." / ".." / "shared")
+      .string();
 }
 
 class Stories260KTest : public ::testing::Test {
@@ -158,7 +161,9 @@ TEST_F(Stories260KTest, StreamDecoderHoldsBackPartialUtf8) {
   // Interrupted by a complete token: U+FFFD, then that token.
   StreamDecoder interrupted(*tok_);
   EXPECT_EQ(interrupted.Push(bytes[0]), "");
-  EXPECT_EQ(interrupted.Push(*tok_->TokenId("a")), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(interrupted.Push(*tok_->TokenId("a")),
+            "\xEF\xBF\xBD"
+            "a");
   // A byte that can never start a sequence is replaced at once.
   StreamDecoder stray(*tok_);
   EXPECT_EQ(stray.Push(bytes[3]), "\xEF\xBF\xBD");
