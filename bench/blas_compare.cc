@@ -22,10 +22,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -91,12 +91,14 @@ Time StreamBandwidth(ThreadPool& pool, int threads) {
   const size_t n = size_t{256} << 20 >> 2;  // 256 MiB of floats
   std::vector<float> buf(n, 1.f);
   volatile float sink = 0;
-  const Time s = Best([&] {
-    pool.Run(threads, [&](int t) {
-      const size_t per = n / threads;
-      sink = sink + SumAvx2(buf.data() + t * per, per);
-    });
-  }, threads);
+  const Time s = Best(
+      [&] {
+        pool.Run(threads, [&](int t) {
+          const size_t per = n / threads;
+          sink = sink + SumAvx2(buf.data() + t * per, per);
+        });
+      },
+      threads);
   const double bytes = static_cast<double>(n * 4);
   return {bytes / s.wall / 1e9, bytes / s.cpu / 1e9};
 }
@@ -113,8 +115,8 @@ void SectionBandwidth(ThreadPool& pool, Time* bw_all) {
 
 void SectionSgemm(ThreadPool& pool) {
   const int64_t m = 512, n = 2048, k = 2048;
-  std::printf("\n== sgemm C[%ld x %ld] = A[%ld x %ld] * B[%ld x %ld]^T, GFLOP/s wall / cpu\n", m, n, m,
-              k, n, k);
+  std::printf("\n== sgemm C[%ld x %ld] = A[%ld x %ld] * B[%ld x %ld]^T, GFLOP/s wall / cpu\n", m, n,
+              m, k, n, k);
   std::vector<float> a(m * k), b(n * k), c(m * n);
   std::mt19937 rng(1);
   std::normal_distribution<float> g;
@@ -124,21 +126,24 @@ void SectionSgemm(ThreadPool& pool) {
   const int th = pool.num_threads();
   for (auto lib : {internal::BlasLibrary::kDnnl, internal::BlasLibrary::kOpenBlas}) {
     if (!internal::BlasAvailable(lib)) continue;
-    const Time s1 = Best([&] {
-      internal::SgemmNT(lib, 1, m, n, k, a.data(), k, b.data(), k, c.data(), n);
-    }, 1);
-    const Time sn = Best([&] {
-      internal::SgemmNT(lib, th, m, n, k, a.data(), k, b.data(), k, c.data(), n);
-    }, th);
-    const Time sp = Best([&] {
-      const int64_t per = n / th;
-      pool.Run(th, [&](int t) {
-        internal::SgemmNT(lib, 1, m, per, k, a.data(), k, b.data() + t * per * k, k, c.data() + t * per, n);
-      });
-    }, th);
-    std::printf("%-9s 1 thread %5.0f / %5.0f   %d BLAS threads %5.0f / %5.0f   %d pool tasks x 1 thread %5.0f / %5.0f\n",
-                internal::BlasName(lib), flop / s1.wall / 1e9, flop / s1.cpu / 1e9, th,
-                flop / sn.wall / 1e9, flop / sn.cpu / 1e9, th, flop / sp.wall / 1e9, flop / sp.cpu / 1e9);
+    const Time s1 =
+        Best([&] { internal::SgemmNT(lib, 1, m, n, k, a.data(), k, b.data(), k, c.data(), n); }, 1);
+    const Time sn = Best(
+        [&] { internal::SgemmNT(lib, th, m, n, k, a.data(), k, b.data(), k, c.data(), n); }, th);
+    const Time sp = Best(
+        [&] {
+          const int64_t per = n / th;
+          pool.Run(th, [&](int t) {
+            internal::SgemmNT(lib, 1, m, per, k, a.data(), k, b.data() + t * per * k, k,
+                              c.data() + t * per, n);
+          });
+        },
+        th);
+    std::printf(
+        "%-9s 1 thread %5.0f / %5.0f   %d BLAS threads %5.0f / %5.0f   %d pool tasks x 1 thread "
+        "%5.0f / %5.0f\n",
+        internal::BlasName(lib), flop / s1.wall / 1e9, flop / s1.cpu / 1e9, th,
+        flop / sn.wall / 1e9, flop / sn.cpu / 1e9, th, flop / sp.wall / 1e9, flop / sp.cpu / 1e9);
   }
 }
 
@@ -177,8 +182,9 @@ constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8
                             DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 void SectionDecode(ThreadPool& pool, Time bw) {
-  std::printf("\n== decode MatMul, n_tokens = 1, %d threads, weights cycled from DRAM (wall / cpu)\n",
-              pool.num_threads());
+  std::printf(
+      "\n== decode MatMul, n_tokens = 1, %d threads, weights cycled from DRAM (wall / cpu)\n",
+      pool.num_threads());
   std::printf("%-6s %-10s %17s %13s %11s\n", "type", "shape", "us/call", "GB/s", "of bw");
   for (DType t : kTypes) {
     for (int64_t rows : {2048, 5632}) {
@@ -187,16 +193,19 @@ void SectionDecode(ThreadPool& pool, Time bw) {
       std::vector<float> x(cols, 0.5f), y(rows);
       size_t next = 0;
       const size_t calls = ws.tensors.size();
-      const Time s = Best([&] {
-        for (size_t i = 0; i < calls; ++i) {
-          MatMul(ws.tensors[next], x.data(), 1, y.data(), pool);
-          next = (next + 1) % calls;
-        }
-      }, pool.num_threads()) / static_cast<double>(calls);
+      const Time s = Best(
+                         [&] {
+                           for (size_t i = 0; i < calls; ++i) {
+                             MatMul(ws.tensors[next], x.data(), 1, y.data(), pool);
+                             next = (next + 1) % calls;
+                           }
+                         },
+                         pool.num_threads()) /
+                     static_cast<double>(calls);
       const double b = static_cast<double>(ws.bytes_each) / 1e9;
       std::printf("%-6s %4ldx%-5ld %8.0f / %6.0f %6.1f / %4.1f %4.0f%% / %3.0f%%\n",
-                  std::string(DTypeName(t)).c_str(), rows, cols, s.wall * 1e6, s.cpu * 1e6, b / s.wall,
-                  b / s.cpu, 100 * b / s.wall / bw.wall, 100 * b / s.cpu / bw.cpu);
+                  std::string(DTypeName(t)).c_str(), rows, cols, s.wall * 1e6, s.cpu * 1e6,
+                  b / s.wall, b / s.cpu, 100 * b / s.wall / bw.wall, 100 * b / s.cpu / bw.cpu);
     }
   }
 }
@@ -213,29 +222,35 @@ void SectionBatch(ThreadPool& pool) {
   };
   const Strategy strategies[] = {
       {"dot", {.gemm_min_tokens = std::numeric_limits<int64_t>::max()}},
-      {"gemm-tiles", {.gemm_min_tokens = 1, .threading = GemmThreading::kPoolTiles}},
-      {"gemm-tiles64", {.gemm_min_tokens = 1, .tile_rows = 64, .threading = GemmThreading::kPoolTiles}},
-      {"gemm-tiles256", {.gemm_min_tokens = 1, .tile_rows = 256, .threading = GemmThreading::kPoolTiles}},
+      {"gemm-tiles128", {.gemm_min_tokens = 1, .tile_rows = 128}},
+      {"gemm-tiles256", {.gemm_min_tokens = 1, .tile_rows = 256}},
+      {"gemm-tiles512", {.gemm_min_tokens = 1, .tile_rows = 512}},
       {"gemm-blasthr", {.gemm_min_tokens = 1, .threading = GemmThreading::kBlasThreads}},
-      {"gemm-openblas", {.gemm_min_tokens = 1, .blas = internal::BlasLibrary::kOpenBlas}},
+      {"openblas-tiles", {.gemm_min_tokens = 1, .blas = internal::BlasLibrary::kOpenBlas}},
   };
-  for (DType t : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : kTypes) {
     WeightSet ws = MakeWeights(t, rows, cols, 0);
     std::printf("%s\n  %-14s", std::string(DTypeName(t)).c_str(), "n_tokens");
-    const int64_t ns[] = {2, 4, 8, 16, 32, 64, 512};
+    const int64_t ns[] = {1, 2, 3, 4, 6, 8, 16, 64, 512};
     for (int64_t n : ns) std::printf(" %14ld", n);
     std::printf("\n");
     for (const Strategy& s : strategies) {
       std::printf("  %-14s", s.name);
       for (int64_t n : ns) {
-        if (std::strcmp(s.name, "dot") == 0 && n > 64) {
+        const bool dot = std::strcmp(s.name, "dot") == 0;
+        const bool blasthr = std::strcmp(s.name, "gemm-blasthr") == 0;
+        if ((dot && n > 64) || (!dot && n < 2) || (blasthr && n != 512)) {
           std::printf(" %14s", "-");
           continue;
         }
         std::vector<float> x(n * cols, 0.25f), y(n * rows);
-        const double sec = Best([&] {
-          internal::MatMulWithOptions(ws.tensors[0], x.data(), n, y.data(), pool, s.o);
-        }, pool.num_threads(), n >= 512 ? 3 : g_reps).cpu;
+        const double sec =
+            Best(
+                [&] {
+                  internal::MatMulWithOptions(ws.tensors[0], x.data(), n, y.data(), pool, s.o);
+                },
+                pool.num_threads(), n >= 512 ? 3 : g_reps)
+                .cpu;
         std::printf(" %7.2f(%5.0f)", sec * 1e3, 2.0 * n * rows * cols / sec / 1e9);
       }
       std::printf("\n");

@@ -132,7 +132,8 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
     const int64_t r0 = task * tile;
     const int64_t nr = std::min(tile, rows - r0);
     float* scratch = ThreadScratch(tile * cols);
-    for (int64_t r = 0; r < nr; ++r) dequant(w.data + (r0 + r) * row_bytes, scratch + r * cols, cols);
+    for (int64_t r = 0; r < nr; ++r)
+      dequant(w.data + (r0 + r) * row_bytes, scratch + r * cols, cols);
     SgemmNT(lib, 1, n_tokens, nr, cols, x, cols, scratch, cols, y + r0, rows);
   });
 }
@@ -141,8 +142,10 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
 
 int64_t DefaultGemmMinTokens(DType t) {
   switch (t) {
-    case DType::kF32: return 8;
-    default: return 8;
+    case DType::kF32:
+      return 8;
+    default:
+      return 8;
   }
 }
 
@@ -210,16 +213,15 @@ Status ValidateMatMulWeight(const Tensor& w) {
   }
   const int block = GetDTypeInfo(w.type).block_elems;
   if (w.cols() % block != 0) {
-    return Status::InvalidArgument(name + ": " + std::to_string(w.cols()) +
-                                   " columns is not a multiple of the " +
-                                   std::string(DTypeName(w.type)) + " block size " +
-                                   std::to_string(block));
+    return Status::InvalidArgument(
+        name + ": " + std::to_string(w.cols()) + " columns is not a multiple of the " +
+        std::string(DTypeName(w.type)) + " block size " + std::to_string(block));
   }
   if (w.data == nullptr) return Status::InvalidArgument(name + ": no data");
   const size_t row_bytes = RowBytes(w.type, w.cols());
   if (static_cast<uint64_t>(rows) > w.nbytes / row_bytes) {
-    return Status::InvalidArgument(name + ": " + std::to_string(w.nbytes) +
-                                   " bytes do not hold " + std::to_string(rows) + " rows");
+    return Status::InvalidArgument(name + ": " + std::to_string(w.nbytes) + " bytes do not hold " +
+                                   std::to_string(rows) + " rows");
   }
   return Status::Ok();
 }

@@ -1,9 +1,8 @@
 // The BLAS sgemm behind MatMul's batched path: oneDNN (when built with it)
 // and OpenBLAS, both always callable so they can be compared.
 
-#include <dlfcn.h>
-
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include "model/backend/cpu/matmul_internal.h"
 
@@ -50,16 +49,20 @@ BlasLibrary Resolve(BlasLibrary lib) {
 bool BlasAvailable(BlasLibrary lib) {
   switch (lib) {
     case BlasLibrary::kDefault:
-    case BlasLibrary::kOpenBlas: return true;
-    case BlasLibrary::kDnnl: return kHaveDnnl;
+    case BlasLibrary::kOpenBlas:
+      return true;
+    case BlasLibrary::kDnnl:
+      return kHaveDnnl;
   }
   return false;
 }
 
 const char* BlasName(BlasLibrary lib) {
   switch (Resolve(lib)) {
-    case BlasLibrary::kDnnl: return "onednn";
-    default: return "openblas";
+    case BlasLibrary::kDnnl:
+      return "onednn";
+    default:
+      return "openblas";
   }
 }
 

@@ -10,7 +10,7 @@
 namespace strata::cpu::internal {
 
 enum class BlasLibrary {
-  kDefault,   // oneDNN when built with it (STRATA_BLAS_DNNL), else OpenBLAS
+  kDefault,  // oneDNN when built with it (STRATA_BLAS_DNNL), else OpenBLAS
   kDnnl,
   kOpenBlas,
 };

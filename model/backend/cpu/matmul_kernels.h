@@ -15,14 +15,22 @@ inline constexpr int kNumTypes = 8;
 // 0..kNumTypes-1, or -1 for a type the CPU backend does not handle.
 inline int TypeIndex(DType t) {
   switch (t) {
-    case DType::kF32: return 0;
-    case DType::kF16: return 1;
-    case DType::kBF16: return 2;
-    case DType::kQ4_0: return 3;
-    case DType::kQ8_0: return 4;
-    case DType::kQ4_K: return 5;
-    case DType::kQ5_K: return 6;
-    case DType::kQ6_K: return 7;
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1;
+    case DType::kBF16:
+      return 2;
+    case DType::kQ4_0:
+      return 3;
+    case DType::kQ8_0:
+      return 4;
+    case DType::kQ4_K:
+      return 5;
+    case DType::kQ5_K:
+      return 6;
+    case DType::kQ6_K:
+      return 7;
   }
   return -1;
 }

@@ -50,7 +50,8 @@ struct Avx512Ops {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static F LoadBF16(const uint16_t* p) {
-    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i v =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
   }
   static void StoreF16(uint16_t* p, F v) {
@@ -61,11 +62,11 @@ struct Avx512Ops {
   static void StoreBF16(uint16_t* p, F v) {
     const __m512i x = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-    const __m512i rounded =
-        _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
     const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
     const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
   }
@@ -78,7 +79,8 @@ struct Avx512Ops {
   // float(v & 15) and float((v & 15) - 8): a table lookup (vpermps reads only
   // the low 4 bits of each index), cheaper than mask + convert.
   static F Nibble(I v) {
-    return _mm512_permutexvar_ps(v, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return _mm512_permutexvar_ps(
+        v, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   }
   // 1 + ((v >> shift) & 15) / 16, built as float bits (shift 0 or 4): the
   // nibble becomes the top mantissa bits of a number in [1, 2).
@@ -88,7 +90,8 @@ struct Avx512Ops {
         _mm512_set1_epi32(0x3f800000), 0xea));  // (a & b) | c
   }
   static F NibbleMinus8(I v) {
-    return _mm512_permutexvar_ps(v, _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm512_permutexvar_ps(
+        v, _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
   }
 };
 using V = Avx512Ops;

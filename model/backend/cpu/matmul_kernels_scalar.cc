@@ -59,10 +59,10 @@ void ScalarDotRows(const DotArgs& a) {
 
 constexpr KernelTable kScalarTable = {
     "scalar",
-    {&ScalarDotRows<0>, &ScalarDotRows<1>, &ScalarDotRows<2>, &ScalarDotRows<3>,
-     &ScalarDotRows<4>, &ScalarDotRows<5>, &ScalarDotRows<6>, &ScalarDotRows<7>},
-    {kScalarDequant[0], kScalarDequant[1], kScalarDequant[2], kScalarDequant[3],
-     kScalarDequant[4], kScalarDequant[5], kScalarDequant[6], kScalarDequant[7]},
+    {&ScalarDotRows<0>, &ScalarDotRows<1>, &ScalarDotRows<2>, &ScalarDotRows<3>, &ScalarDotRows<4>,
+     &ScalarDotRows<5>, &ScalarDotRows<6>, &ScalarDotRows<7>},
+    {kScalarDequant[0], kScalarDequant[1], kScalarDequant[2], kScalarDequant[3], kScalarDequant[4],
+     kScalarDequant[5], kScalarDequant[6], kScalarDequant[7]},
     &QuantizeRowF16Scalar,
     &QuantizeRowBF16Scalar,
 };
@@ -79,7 +79,8 @@ const KernelTable& ActiveKernels() {
     case SimdLevel::kAvx2:
       if (const KernelTable* t = Avx2Kernels()) return *t;
       [[fallthrough]];
-    case SimdLevel::kScalar: break;
+    case SimdLevel::kScalar:
+      break;
   }
   return kScalarTable;
 }

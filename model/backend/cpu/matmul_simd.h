@@ -42,10 +42,10 @@ void UnpackAllScaleMinK4(const uint8_t packed[12], uint8_t out[16]) {
   uint32_t w[3];
   __builtin_memcpy(w, packed, 12);
   const uint32_t r[4] = {
-      w[0] & kLow6,                                         // sc 0..3
-      (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4),        // sc 4..7
-      w[1] & kLow6,                                         // m 0..3
-      ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4), // m 4..7
+      w[0] & kLow6,                                          // sc 0..3
+      (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4),         // sc 4..7
+      w[1] & kLow6,                                          // m 0..3
+      ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4),  // m 4..7
   };
   __builtin_memcpy(out, r, 16);
 }
@@ -79,9 +79,7 @@ struct DecF16 {
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) emit(k, k * kL, V::LoadF16(h + k * kL));
   }
-  static float Scalar(const uint8_t* p) {
-    return F16ToF32(*reinterpret_cast<const uint16_t*>(p));
-  }
+  static float Scalar(const uint8_t* p) { return F16ToF32(*reinterpret_cast<const uint16_t*>(p)); }
 };
 
 struct DecBF16 {
@@ -95,9 +93,7 @@ struct DecBF16 {
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) emit(k, k * kL, V::LoadBF16(h + k * kL));
   }
-  static float Scalar(const uint8_t* p) {
-    return BF16ToF32(*reinterpret_cast<const uint16_t*>(p));
-  }
+  static float Scalar(const uint8_t* p) { return BF16ToF32(*reinterpret_cast<const uint16_t*>(p)); }
 };
 
 struct DecQ4_0 {
@@ -127,7 +123,9 @@ struct DecQ4_0 {
     }
     return s;
   }
-  static float Scale(const uint8_t* p) { return V::HalfToFloat(reinterpret_cast<const BlockQ4_0*>(p)->d); }
+  static float Scale(const uint8_t* p) {
+    return V::HalfToFloat(reinterpret_cast<const BlockQ4_0*>(p)->d);
+  }
 };
 
 struct DecQ8_0 {
@@ -146,10 +144,13 @@ struct DecQ8_0 {
     const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
     VF s = V::Mul(V::Cvt(V::LoadI8(b->qs)), V::LoadF(xb));
 #pragma GCC unroll 4
-    for (int i = 1; i < 32 / kL; ++i) s = V::Fma(V::Cvt(V::LoadI8(b->qs + i * kL)), V::LoadF(xb + i * kL), s);
+    for (int i = 1; i < 32 / kL; ++i)
+      s = V::Fma(V::Cvt(V::LoadI8(b->qs + i * kL)), V::LoadF(xb + i * kL), s);
     return s;
   }
-  static float Scale(const uint8_t* p) { return V::HalfToFloat(reinterpret_cast<const BlockQ8_0*>(p)->d); }
+  static float Scale(const uint8_t* p) {
+    return V::HalfToFloat(reinterpret_cast<const BlockQ8_0*>(p)->d);
+  }
 };
 
 // Q4_K and Q5_K: per group g of 64 elements, sub-blocks 2g (low nibbles) and
@@ -203,7 +204,19 @@ struct DecScaleMinK {
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const auto* b = reinterpret_cast<const Block*>(row) + blk;
       const float* xb = x + blk * kQK_K;
-      alignas(32) float dsc[8] = {1,2,3,4,5,6,7,8};
+      alignas(16) uint8_t scm[16];
+      UnpackAllScaleMinK4(b->scales, scm);
+      alignas(32) float dsc[8];
+      const __m256 sc = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scm))));
+      const __m256 dscv = _mm256_mul_ps(sc, _mm256_set1_ps(V::HalfToFloat(b->d) * kFactor));
+      _mm256_store_ps(dsc, dscv);
+      const __m256 m = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scm + 8))));
+      // Per sub-block coefficient of xsum_j: kFactor kOffset d sc_j + dmin m_j.
+      __m256 coef = _mm256_mul_ps(m, _mm256_set1_ps(V::HalfToFloat(b->dmin)));
+      if constexpr (!kFive) coef = _mm256_add_ps(coef, dscv);
+      offs = _mm256_fmadd_ps(coef, _mm256_loadu_ps(xsum + blk * 8), offs);
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
         VF slo = V::Zero(), shi = V::Zero();
@@ -274,8 +287,10 @@ struct DecQ6_K {
         constexpr int kStep = 32 / kL;
         emit(k, 128 * h + l, V::Mul(V::Set1(d * sc[is + 0]), V::Cvt(V::SubI(q1, 32))));
         emit(k + kStep, 128 * h + l + 32, V::Mul(V::Set1(d * sc[is + 2]), V::Cvt(V::SubI(q2, 32))));
-        emit(k + 2 * kStep, 128 * h + l + 64, V::Mul(V::Set1(d * sc[is + 4]), V::Cvt(V::SubI(q3, 32))));
-        emit(k + 3 * kStep, 128 * h + l + 96, V::Mul(V::Set1(d * sc[is + 6]), V::Cvt(V::SubI(q4, 32))));
+        emit(k + 2 * kStep, 128 * h + l + 64,
+             V::Mul(V::Set1(d * sc[is + 4]), V::Cvt(V::SubI(q3, 32))));
+        emit(k + 3 * kStep, 128 * h + l + 96,
+             V::Mul(V::Set1(d * sc[is + 6]), V::Cvt(V::SubI(q4, 32))));
       }
     }
   }
@@ -306,8 +321,8 @@ inline float DotBlocks1(const uint8_t* row, int64_t cols, const float* x) {
 }
 
 template <class Dec, int NT>
-inline void DotRow(const uint8_t* row, int64_t cols, const float* x, const float* xsum,
-                   float* out, int64_t out_stride) {
+inline void DotRow(const uint8_t* row, int64_t cols, const float* x, const float* xsum, float* out,
+                   int64_t out_stride) {
   if constexpr (NT == 1 && requires { Dec::Dot1; }) {
     *out = Dec::Dot1(row, cols, x, xsum);
     return;
@@ -375,9 +390,8 @@ void DotRows(const DotArgs& a) {
         u += 2;
       }
       if (left & 1) {
-        DotRow<Dec, 1>(row, a.cols, a.x + u * a.cols,
-                       a.xsum ? a.xsum + u * (a.cols / 32) : nullptr, a.y + u * a.y_stride + r,
-                       a.y_stride);
+        DotRow<Dec, 1>(row, a.cols, a.x + u * a.cols, a.xsum ? a.xsum + u * (a.cols / 32) : nullptr,
+                       a.y + u * a.y_stride + r, a.y_stride);
       }
     }
   }
@@ -416,9 +430,8 @@ void EncodeBF16(const float* src, void* dst, int64_t n) {
 constexpr KernelTable MakeTable(const char* name) {
   return KernelTable{
       name,
-      {&DotRows<DecF32>, &DotRows<DecF16>, &DotRows<DecBF16>, &DotRows<DecQ4_0>,
-       &DotRows<DecQ8_0>, &DotRows<DecScaleMinK<false>>, &DotRows<DecScaleMinK<true>>,
-       &DotRows<DecQ6_K>},
+      {&DotRows<DecF32>, &DotRows<DecF16>, &DotRows<DecBF16>, &DotRows<DecQ4_0>, &DotRows<DecQ8_0>,
+       &DotRows<DecScaleMinK<false>>, &DotRows<DecScaleMinK<true>>, &DotRows<DecQ6_K>},
       {&DequantRow<DecF32>, &DequantRow<DecF16>, &DequantRow<DecBF16>, &DequantRow<DecQ4_0>,
        &DequantRow<DecQ8_0>, &DequantRow<DecScaleMinK<false>>, &DequantRow<DecScaleMinK<true>>,
        &DequantRow<DecQ6_K>},

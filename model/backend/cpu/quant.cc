@@ -121,14 +121,30 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
   const int64_t whole = n - n % GetDTypeInfo(t).block_elems;
   using namespace internal;
   switch (t) {
-    case DType::kF32: std::memcpy(dst, src, static_cast<size_t>(whole) * sizeof(float)); return;
-    case DType::kF16: ActiveKernels().f32_to_f16(src, dst, whole); return;
-    case DType::kBF16: ActiveKernels().f32_to_bf16(src, dst, whole); return;
-    case DType::kQ4_0: QuantizeRowQ4_0(src, dst, whole); return;
-    case DType::kQ8_0: QuantizeRowQ8_0(src, dst, whole); return;
-    case DType::kQ4_K: QuantizeRowQ4_K(src, dst, whole); return;
-    case DType::kQ5_K: QuantizeRowQ5_K(src, dst, whole); return;
-    case DType::kQ6_K: QuantizeRowQ6_K(src, dst, whole); return;
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(whole) * sizeof(float));
+      return;
+    case DType::kF16:
+      ActiveKernels().f32_to_f16(src, dst, whole);
+      return;
+    case DType::kBF16:
+      ActiveKernels().f32_to_bf16(src, dst, whole);
+      return;
+    case DType::kQ4_0:
+      QuantizeRowQ4_0(src, dst, whole);
+      return;
+    case DType::kQ8_0:
+      QuantizeRowQ8_0(src, dst, whole);
+      return;
+    case DType::kQ4_K:
+      QuantizeRowQ4_K(src, dst, whole);
+      return;
+    case DType::kQ5_K:
+      QuantizeRowQ5_K(src, dst, whole);
+      return;
+    case DType::kQ6_K:
+      QuantizeRowQ6_K(src, dst, whole);
+      return;
   }
 }
 

@@ -41,7 +41,8 @@ inline uint16_t F32ToF16(float f) {
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   x &= 0x7fffffffu;
   if (x >= 0x7f800000u) {  // inf or NaN
-    const uint16_t nan_bits = x > 0x7f800000u ? static_cast<uint16_t>(0x200u | ((x >> 13) & 0x3ffu)) : 0;
+    const uint16_t nan_bits =
+        x > 0x7f800000u ? static_cast<uint16_t>(0x200u | ((x >> 13) & 0x3ffu)) : 0;
     return static_cast<uint16_t>(sign | 0x7c00u | nan_bits);
   }
   if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf

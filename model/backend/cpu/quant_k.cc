@@ -169,7 +169,8 @@ void QuantizeSuperBlockScaleMin(const float* x, uint16_t* d_out, uint16_t* dmin_
     if (dj == 0.f) continue;  // every element decodes to -dmin * m[j]
     const float mj = dmin * m[j];
     for (int l = 0; l < 32; ++l) {
-      L[32 * j + l] = static_cast<uint8_t>(std::clamp(NearestInt((x[32 * j + l] + mj) / dj), 0, kNmax));
+      L[32 * j + l] =
+          static_cast<uint8_t>(std::clamp(NearestInt((x[32 * j + l] + mj) / dj), 0, kNmax));
     }
   }
 }
@@ -302,7 +303,8 @@ void QuantizeRowQ6_K(const float* src, void* dst, int64_t n) {
       const float dj = d * b[i].scales[j];
       if (dj == 0.f) continue;
       for (int l = 0; l < 16; ++l) {
-        L[16 * j + l] = static_cast<int8_t>(32 + std::clamp(NearestInt(src[16 * j + l] / dj), -32, 31));
+        L[16 * j + l] =
+            static_cast<int8_t>(32 + std::clamp(NearestInt(src[16 * j + l] / dj), -32, 31));
       }
     }
     for (int h = 0; h < 2; ++h) {
@@ -313,7 +315,8 @@ void QuantizeRowQ6_K(const float* src, void* dst, int64_t n) {
         const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
         ql[l] = static_cast<uint8_t>((q1 & 0xf) | ((q3 & 0xf) << 4));
         ql[l + 32] = static_cast<uint8_t>((q2 & 0xf) | ((q4 & 0xf) << 4));
-        qh[l] = static_cast<uint8_t>((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+        qh[l] = static_cast<uint8_t>((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) |
+                                     ((q4 >> 4) << 6));
       }
     }
   }

@@ -26,7 +26,8 @@ constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::
 
 std::vector<SimdLevel> Levels() {
   std::vector<SimdLevel> v;
-  for (int l = 0; l <= static_cast<int>(DetectedSimdLevel()); ++l) v.push_back(static_cast<SimdLevel>(l));
+  for (int l = 0; l <= static_cast<int>(DetectedSimdLevel()); ++l)
+    v.push_back(static_cast<SimdLevel>(l));
   return v;
 }
 
@@ -124,10 +125,13 @@ int64_t ColsFor(DType t) {
   switch (t) {
     case DType::kF32:
     case DType::kF16:
-    case DType::kBF16: return 333;
+    case DType::kBF16:
+      return 333;
     case DType::kQ4_0:
-    case DType::kQ8_0: return 96;
-    default: return 512;
+    case DType::kQ8_0:
+      return 96;
+    default:
+      return 512;
   }
 }
 
@@ -147,10 +151,10 @@ TEST(MatMulTest, MatchesDoubleReference) {
           for (ThreadPool* pool : {&one, &two}) {
             std::vector<float> y(n_tokens * rows, -1.f);
             MatMul(w.tensor, x.data(), n_tokens, y.data(), *pool);
-            const std::string what = std::string(DTypeName(type)) + " rows=" + std::to_string(rows) +
-                                     " n=" + std::to_string(n_tokens) + " " +
-                                     std::string(SimdLevelName(level)) +
-                                     " threads=" + std::to_string(pool->num_threads());
+            const std::string what =
+                std::string(DTypeName(type)) + " rows=" + std::to_string(rows) +
+                " n=" + std::to_string(n_tokens) + " " + std::string(SimdLevelName(level)) +
+                " threads=" + std::to_string(pool->num_threads());
             ExpectMatches(ref, y, Tolerance(type), what);
           }
         }
@@ -184,8 +188,9 @@ TEST(MatMulTest, EveryStrategyMatches) {
       for (const Strategy& s : strategies) {
         std::vector<float> y(n_tokens * 77, -1.f);
         internal::MatMulWithOptions(w.tensor, x.data(), n_tokens, y.data(), two, s.options);
-        ExpectMatches(ref, y, Tolerance(type),
-                      std::string(DTypeName(type)) + " " + s.name + " n=" + std::to_string(n_tokens));
+        ExpectMatches(
+            ref, y, Tolerance(type),
+            std::string(DTypeName(type)) + " " + s.name + " n=" + std::to_string(n_tokens));
       }
     }
   }
@@ -209,7 +214,8 @@ TEST(MatMulTest, ScalarAndSimdAgree) {
       MatMul(w.tensor, x.data(), 3, got.data(), two);
       ExpectMatches(w, x, 3, got, Tolerance(type), std::string(SimdLevelName(level)));
       for (size_t i = 0; i < got.size(); ++i) {
-        EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << DTypeName(type) << " " << i;
+        EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i])))
+            << DTypeName(type) << " " << i;
       }
     }
   }

@@ -7,10 +7,10 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <limits>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/backend/cpu/cpu_features.h"
@@ -26,7 +26,8 @@ constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::
 // Every SIMD level this CPU can run, narrowest first.
 std::vector<SimdLevel> Levels() {
   std::vector<SimdLevel> v;
-  for (int l = 0; l <= static_cast<int>(DetectedSimdLevel()); ++l) v.push_back(static_cast<SimdLevel>(l));
+  for (int l = 0; l <= static_cast<int>(DetectedSimdLevel()); ++l)
+    v.push_back(static_cast<SimdLevel>(l));
   return v;
 }
 
@@ -46,7 +47,7 @@ TEST(F16Test, DecodesSpecialValues) {
   EXPECT_EQ(Bits(F16ToF32(0x8000)), 0x80000000u);
   EXPECT_EQ(F16ToF32(0x3c00), 1.f);
   EXPECT_EQ(F16ToF32(0xc000), -2.f);
-  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.f, -24));          // smallest subnormal
+  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.f, -24));           // smallest subnormal
   EXPECT_EQ(F16ToF32(0x03ff), 1023.f * std::ldexp(1.f, -24));  // largest subnormal
   EXPECT_EQ(F16ToF32(0x0400), std::ldexp(1.f, -14));           // smallest normal
   EXPECT_EQ(F16ToF32(0x7bff), 65504.f);
@@ -70,9 +71,9 @@ TEST(F16Test, EveryHalfRoundTrips) {
 }
 
 TEST(F16Test, RoundsToNearestEven) {
-  const float ulp1 = std::ldexp(1.f, -10);  // f16 spacing at 1.0
-  EXPECT_EQ(F32ToF16(1.f + ulp1 / 2), 0x3c00);          // tie -> even (1.0)
-  EXPECT_EQ(F32ToF16(1.f + 3 * ulp1 / 2), 0x3c02);      // tie -> even (1 + 2 ulp)
+  const float ulp1 = std::ldexp(1.f, -10);          // f16 spacing at 1.0
+  EXPECT_EQ(F32ToF16(1.f + ulp1 / 2), 0x3c00);      // tie -> even (1.0)
+  EXPECT_EQ(F32ToF16(1.f + 3 * ulp1 / 2), 0x3c02);  // tie -> even (1 + 2 ulp)
   EXPECT_EQ(F32ToF16(std::nextafter(1.f + ulp1 / 2, 2.f)), 0x3c01);
   EXPECT_EQ(F32ToF16(-(1.f + ulp1 / 2)), 0xbc00);
   // Overflow: 65520 is the tie between 65504 and 2^16 (which is inf).
@@ -82,15 +83,15 @@ TEST(F16Test, RoundsToNearestEven) {
   EXPECT_EQ(F32ToF16(std::numeric_limits<float>::infinity()), 0x7c00);
   // Subnormal results and their ties.
   const float sub = std::ldexp(1.f, -24);
-  EXPECT_EQ(F32ToF16(sub / 2), 0x0000);                 // tie -> 0
+  EXPECT_EQ(F32ToF16(sub / 2), 0x0000);  // tie -> 0
   EXPECT_EQ(F32ToF16(std::nextafter(sub / 2, 1.f)), 0x0001);
-  EXPECT_EQ(F32ToF16(3 * sub / 2), 0x0002);             // tie -> even
+  EXPECT_EQ(F32ToF16(3 * sub / 2), 0x0002);  // tie -> even
   EXPECT_EQ(F32ToF16(5 * sub / 2), 0x0002);
-  EXPECT_EQ(F32ToF16(1023.5f * sub), 0x0400);           // tie -> smallest normal
+  EXPECT_EQ(F32ToF16(1023.5f * sub), 0x0400);  // tie -> smallest normal
   EXPECT_EQ(F32ToF16(-sub), 0x8001);
   EXPECT_EQ(F32ToF16(1e-30f), 0x0000);
   EXPECT_EQ(F32ToF16(-0.f), 0x8000);
-  EXPECT_EQ(F32ToF16(std::ldexp(1.f, -149)), 0x0000);   // f32 subnormal input
+  EXPECT_EQ(F32ToF16(std::ldexp(1.f, -149)), 0x0000);  // f32 subnormal input
   // NaN stays NaN, also when the payload sits only in the low bits.
   for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu}) {
     const uint16_t h = F32ToF16(FromBits(nan));
@@ -108,7 +109,10 @@ uint16_t ReferenceF16(float f) {
   uint32_t lo = 0, hi = 0x7bff;
   while (lo < hi) {  // largest code with value <= a
     const uint32_t mid = (lo + hi + 1) / 2;
-    if (F16ToF32(static_cast<uint16_t>(mid)) <= a) lo = mid; else hi = mid - 1;
+    if (F16ToF32(static_cast<uint16_t>(mid)) <= a)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   if (lo == 0x7bff) return sign | 0x7bff;
   const double below = F16ToF32(static_cast<uint16_t>(lo));
@@ -169,7 +173,8 @@ TEST(ConvertRowTest, SimdMatchesScalarBitForBit) {
   for (size_t i = 0; i < std::size(specials); ++i) src[i * 7] = FromBits(specials[i]);
   for (DType t : {DType::kF16, DType::kBF16}) {
     std::vector<uint16_t> want(src.size());
-    for (size_t i = 0; i < src.size(); ++i) want[i] = t == DType::kF16 ? F32ToF16(src[i]) : F32ToBF16(src[i]);
+    for (size_t i = 0; i < src.size(); ++i)
+      want[i] = t == DType::kF16 ? F32ToF16(src[i]) : F32ToBF16(src[i]);
     for (SimdLevel level : Levels()) {
       LevelScope scope(level);
       std::vector<uint16_t> got(src.size());
@@ -415,9 +420,8 @@ struct Bound {
 // ~amax/127 ~ 2.1 sigma / 127, error step / sqrt(12) ~ 0.005). The bounds
 // leave ~10% headroom, so a regression in the scale search shows up.
 constexpr Bound kBounds[] = {
-    {DType::kF32, 0.0},     {DType::kF16, 2.5e-4},  {DType::kBF16, 2e-3},
-    {DType::kQ8_0, 0.006},  {DType::kQ6_K, 0.02},   {DType::kQ5_K, 0.04},
-    {DType::kQ4_K, 0.078},  {DType::kQ4_0, 0.095},
+    {DType::kF32, 0.0},   {DType::kF16, 2.5e-4}, {DType::kBF16, 2e-3},  {DType::kQ8_0, 0.006},
+    {DType::kQ6_K, 0.02}, {DType::kQ5_K, 0.04},  {DType::kQ4_K, 0.078}, {DType::kQ4_0, 0.095},
 };
 
 TEST(QuantRoundTripTest, GaussianErrorWithinBounds) {

@@ -4,9 +4,7 @@
 // @huggingface/tokenizers, gives llama.cpp's ids).
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -17,6 +15,8 @@
 #include "model/gguf.h"
 #include "model/gguf_tokenizer.h"
 #include "model/tokenizer/tokenizer.h"
+#include "tests/support/run_command.h"
+#include "tests/support/test_env.h"
 
 namespace strata {
 namespace {
@@ -24,27 +24,13 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string SharedDir() {
-  if (const char* d = std::getenv("STRATA_SHARED_DIR")) return d;
-  // <repo>/tests/unit/model/<this file> -> <repo>/../shared
-  return (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / ".." / ".." / "shared")
-      .string();
-}
-
-std::string ReferenceDir() {
-  if (const char* d = std::getenv("STRATA_REFERENCE_DIR")) return d;
-  if (const char* s = std::getenv("STRATA_SOURCE_DIR")) return std::string(s) + "/tests/reference";
-  // tests/unit/model/<this file> -> tests/reference
-  return (fs::path(__FILE__).parent_path() / ".." / ".." / "reference").string();
-}
-
 bool RefsRequired() {
   const char* v = std::getenv("STRATA_REQUIRE_REFS");
   return v != nullptr && std::string(v) == "1";
 }
 
 TokenizerSpec Stories260KSpec() {
-  auto file = GgufFile::Open(SharedDir() + "/models/stories260K.gguf");
+  auto file = GgufFile::Open(testing::Stories260KPath());
   EXPECT_TRUE(file.ok()) << file.error().ToString();
   if (!file.ok()) return {};
   auto spec = TokenizerSpecFromGguf(**file);
@@ -53,7 +39,7 @@ TokenizerSpec Stories260KSpec() {
 }
 
 std::vector<std::string> GoldenPrompts(std::vector<std::vector<int32_t>>* ids) {
-  auto text = ReadFileToString(SharedDir() + "/golden/stories260K_greedy.json");
+  auto text = ReadFileToString(testing::SharedDir() + "/golden/stories260K_greedy.json");
   EXPECT_TRUE(text.ok());
   std::vector<std::string> prompts;
   if (!text.ok()) return prompts;
@@ -228,11 +214,12 @@ TEST(HfJsonWrite, RejectsInvalidSpec) {
 // The written directory, tokenized by @huggingface/tokenizers, gives the ids
 // of Strata's SentencePiece tokenizer on the GGUF vocabulary.
 TEST(HfJsonWrite, IndependentReferenceLoadsWrittenStories260K) {
-  const std::string ref_dir = ReferenceDir();
+  const std::string ref_dir = testing::ReferenceDir();
   if (!fs::exists(fs::path(ref_dir) / "node_modules" / "@huggingface" / "tokenizers") ||
-      std::system("node --version >/dev/null 2>&1") != 0) {
-    if (RefsRequired())
+      testing::RunCommand("node --version").exit_code != 0) {
+    if (RefsRequired()) {
       FAIL() << "node or " << ref_dir << "/node_modules missing (STRATA_REQUIRE_REFS=1)";
+    }
     GTEST_SKIP() << "node or " << ref_dir
                  << "/node_modules missing; run scripts/setup-test-refs.sh to enable";
   }
@@ -240,28 +227,18 @@ TEST(HfJsonWrite, IndependentReferenceLoadsWrittenStories260K) {
   ASSERT_FALSE(spec.tokens.empty());
   auto tok = Tokenizer::Create(spec);
   ASSERT_TRUE(tok.ok());
-  const fs::path dir =
-      fs::temp_directory_path() / ("strata_tok_" + std::to_string(::getpid()) + "_stories260K");
-  fs::create_directories(dir);
+  const fs::path dir = testing::MakeTempDir("strata-tok-");
   auto tj = TokenizerSpecToHfTokenizerJson(spec);
   auto tc = TokenizerSpecToHfConfigJson(spec);
   ASSERT_TRUE(tj.ok() && tc.ok());
   ASSERT_TRUE(WriteFileAtomic((dir / "tokenizer.json").string(), tj->data(), tj->size()).ok());
   ASSERT_TRUE(
       WriteFileAtomic((dir / "tokenizer_config.json").string(), tc->data(), tc->size()).ok());
-
-  std::string out;
-  {
-    const std::string cmd =
-        "cd '" + ref_dir + "' && node tokenize.mjs --dir '" + dir.string() + "' --name stories260K";
-    FILE* pipe = popen(cmd.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-    ASSERT_EQ(pclose(pipe), 0) << out.substr(0, 500);
-  }
-  fs::remove_all(dir);
+  const testing::CommandResult run =
+      testing::RunCommand("cd " + testing::ShellQuote(ref_dir) + " && node tokenize.mjs --dir " +
+                          testing::ShellQuote(dir.string()) + " --name stories260K");
+  ASSERT_EQ(run.exit_code, 0) << run.err.substr(0, 500);
+  const std::string& out = run.out;
   const json refs = json::parse(out);
   const json& corpus = refs["corpus"];
   const json& hf = refs["vocabs"]["stories260K"]["hf"];

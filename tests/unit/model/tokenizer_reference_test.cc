@@ -8,7 +8,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -19,6 +18,8 @@
 
 #include "common/mapped_file.h"
 #include "model/tokenizer/tokenizer.h"
+#include "tests/support/run_command.h"
+#include "tests/support/test_env.h"
 
 namespace strata {
 namespace {
@@ -39,28 +40,6 @@ bool RefsRequired() {
     }                                                                        \
   } while (0)
 
-std::string ReferenceDir() {
-  if (const char* d = std::getenv("STRATA_REFERENCE_DIR")) return d;
-  if (const char* s = std::getenv("STRATA_SOURCE_DIR")) return std::string(s) + "/tests/reference";
-  // tests/unit/model/<this file> -> tests/reference
-  return (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "reference").string();
-}
-
-// Runs `command`, returning its stdout; sets *ok to whether it exited 0.
-std::string RunCommand(const std::string& command, bool* ok) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    *ok = false;
-    return out;
-  }
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  *ok = pclose(pipe) == 0;
-  return out;
-}
-
 struct References {
   json root;
   std::string unavailable;  // why there are none
@@ -70,16 +49,14 @@ struct References {
 const References& LoadReferences() {
   static const References refs = [] {
     References r;
-    const std::string dir = ReferenceDir();
+    const std::string dir = testing::ReferenceDir();
     namespace fs = std::filesystem;
     if (!fs::exists(fs::path(dir) / "node_modules" / "@huggingface" / "tokenizers") ||
         !fs::exists(fs::path(dir) / "node_modules" / "@lenml" / "tokenizer-llama3")) {
       r.unavailable = "reference packages missing in " + dir + "/node_modules";
       return r;
     }
-    bool ok = false;
-    RunCommand("node --version >/dev/null 2>&1", &ok);
-    if (!ok) {
+    if (testing::RunCommand("node --version").exit_code != 0) {
       r.unavailable = "node is not on PATH";
       return r;
     }
@@ -98,11 +75,13 @@ const References& LoadReferences() {
       r.root = json::parse(*text, nullptr, /*allow_exceptions=*/false);
       if (!r.root.is_discarded()) return r;  // else a broken cache: run again
     }
-    const std::string out = RunCommand("cd '" + dir + "' && node tokenize.mjs", &ok);
-    if (!ok) {
-      r.unavailable = "tokenize.mjs failed: " + out.substr(0, 500);
+    const testing::CommandResult run =
+        testing::RunCommand("cd " + testing::ShellQuote(dir) + " && node tokenize.mjs");
+    if (run.exit_code != 0) {
+      r.unavailable = "tokenize.mjs failed: " + run.err.substr(0, 500);
       return r;
     }
+    const std::string& out = run.out;
     r.root = json::parse(out, nullptr, /*allow_exceptions=*/false);
     if (r.root.is_discarded()) {
       r.unavailable = "tokenize.mjs printed no JSON: " + out.substr(0, 500);

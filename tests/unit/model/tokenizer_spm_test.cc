@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -17,30 +16,24 @@
 #include "model/gguf.h"
 #include "model/gguf_tokenizer.h"
 #include "model/tokenizer/tokenizer.h"
+#include "tests/support/test_env.h"
 
 namespace strata {
 namespace {
 
 using nlohmann::json;
 
-std::string SharedDir() {
-  if (const char* d = std::getenv("STRATA_SHARED_DIR")) return d;
-  // <repo>/tests/unit/model/<this file> -> <repo>/../shared
-  return (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / ".." / ".." / "shared")
-      .string();
-}
-
 class Stories260KTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto file = GgufFile::Open(SharedDir() + "/models/stories260K.gguf");
+    auto file = GgufFile::Open(testing::Stories260KPath());
     ASSERT_TRUE(file.ok()) << file.error().ToString();
     auto spec = TokenizerSpecFromGguf(**file);
     ASSERT_TRUE(spec.ok()) << spec.error().ToString();
     auto tok = Tokenizer::Create(std::move(*spec));
     ASSERT_TRUE(tok.ok()) << tok.error().ToString();
     tok_ = std::move(*tok).release();
-    auto golden = ReadFileToString(SharedDir() + "/golden/stories260K_greedy.json");
+    auto golden = ReadFileToString(testing::SharedDir() + "/golden/stories260K_greedy.json");
     ASSERT_TRUE(golden.ok()) << golden.error().ToString();
     golden_ = new json(json::parse(*golden));
   }

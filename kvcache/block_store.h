@@ -1,0 +1,73 @@
+#pragma once
+// A tier below the device pool that stores whole KV blocks by hash: host DRAM,
+// local disk, later remote nodes. One block = every layer's K and V for
+// `block_size` tokens in the block-major layout, so a block moves as one
+// buffer. All I/O is asynchronous: Submit* queues work and returns at once;
+// the engine loop calls Poll() between steps and never blocks on I/O.
+//
+// Identity: a block is named by its chained BlockHash (DESIGN.md decision 2),
+// which already folds in the model namespace; stores also record the
+// namespace digest so that flush-by-namespace and the disk index's foreign
+// namespace check work.
+//
+// Thread-safety: a store is driven by one thread (the mover); Contains and
+// CountPrefix may be called from that same thread only.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/sha256.h"
+#include "common/status.h"
+
+namespace strata::kvcache {
+
+struct StoreCompletion {
+  uint64_t tag = 0;  // the caller's tag from Submit*
+  Status status;     // OK, or why the block is a miss / was not stored
+};
+
+struct StoreStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t blocks = 0;
+  uint64_t evictions = 0;
+  uint64_t corrupt_blocks = 0;  // checksum mismatch, truncated slab, bad index entry
+  uint64_t write_errors = 0;    // ENOSPC, EIO, ...
+};
+
+class BlockStore {
+ public:
+  virtual ~BlockStore() = default;
+  virtual std::string_view name() const = 0;  // "host", "disk", ...
+  virtual StoreStats stats() const = 0;
+
+  virtual bool Contains(const BlockHash& h) const = 0;
+  // How many leading hashes of `chain` the store holds (a prefix stops at the
+  // first miss).
+  virtual size_t CountPrefix(std::span<const BlockHash> chain) const = 0;
+
+  // Queues a copy of `data` (block_bytes long) under `h`. The store copies or
+  // finishes with `data` before the completion for `tag` is polled; the caller
+  // keeps it valid until then. Storing an existing hash completes OK at once.
+  // A store that is full evicts by its policy (LRU); one that cannot store
+  // completes with an error (the block simply is not there later).
+  virtual Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
+                             uint64_t tag) = 0;
+  // Queues a read of `h` into `dst` (block_bytes long, valid until the
+  // completion is polled). A missing, corrupt or foreign block completes with
+  // an error and leaves no partial data considered valid.
+  virtual Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) = 0;
+  // Appends finished operations to `out`; returns how many. Never blocks.
+  virtual size_t Poll(std::vector<StoreCompletion>* out) = 0;
+  // Blocks until every submitted operation has completed (shutdown, tests).
+  virtual void Drain(std::vector<StoreCompletion>* out) = 0;
+
+  virtual Status Remove(const BlockHash& h) = 0;
+  // Removes every block of namespace `ns` (all when ns is null).
+  virtual Status Flush(const Sha256Digest* ns) = 0;
+};
+
+}  // namespace strata::kvcache
