@@ -222,8 +222,8 @@ void SectionBatch(ThreadPool& pool) {
   };
   const Strategy strategies[] = {
       {"dot", {.gemm_min_tokens = std::numeric_limits<int64_t>::max()}},
-      {"gemm-tiles128", {.gemm_min_tokens = 1, .tile_rows = 128}},
-      {"gemm-tiles256", {.gemm_min_tokens = 1, .tile_rows = 256}},
+      {"default", {}},
+      {"gemm-tiles", {.gemm_min_tokens = 1}},
       {"gemm-tiles512", {.gemm_min_tokens = 1, .tile_rows = 512}},
       {"gemm-blasthr", {.gemm_min_tokens = 1, .threading = GemmThreading::kBlasThreads}},
       {"openblas-tiles", {.gemm_min_tokens = 1, .blas = internal::BlasLibrary::kOpenBlas}},
@@ -231,7 +231,7 @@ void SectionBatch(ThreadPool& pool) {
   for (DType t : kTypes) {
     WeightSet ws = MakeWeights(t, rows, cols, 0);
     std::printf("%s\n  %-14s", std::string(DTypeName(t)).c_str(), "n_tokens");
-    const int64_t ns[] = {1, 2, 3, 4, 6, 8, 16, 64, 512};
+    const int64_t ns[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 48, 64, 512};
     for (int64_t n : ns) std::printf(" %14ld", n);
     std::printf("\n");
     for (const Strategy& s : strategies) {

@@ -44,9 +44,19 @@ Status CheckWritable(const ModelConfig& c) {
 
 }  // namespace
 
+// GGUF names a byte-level pre-tokenizer by id only; a regex Strata does not
+// recognise (pre == "custom") cannot be written and read back.
+Status CheckTokenizerWritable(const TokenizerSpec& tok) {
+  if (tok.model == "gpt2" && (tok.pre.empty() || tok.pre == "custom"))
+    return Status::Unsupported("the tokenizer's pre-tokenizer regex has no GGUF 'tokenizer.ggml.pre' id; "
+                               "it cannot be written to GGUF (use --format hf)");
+  return Status::Ok();
+}
+
 Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path) {
   const ModelConfig& c = w.config;
   STRATA_RETURN_IF_ERROR(CheckWritable(c));
+  STRATA_RETURN_IF_ERROR(CheckTokenizerWritable(tok));
   GgufWriter out;
   AddConfig(c, c.name.empty() ? "strata-model" : c.name, &out);
   AddTokenizerToGguf(tok, &out);
@@ -79,6 +89,7 @@ Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std
 Status WriteSyntheticGguf(const ModelConfig& c, const TokenizerSpec& tok, const SynthOptions& opt,
                           const std::string& path) {
   STRATA_RETURN_IF_ERROR(CheckWritable(c));
+  STRATA_RETURN_IF_ERROR(CheckTokenizerWritable(tok));
   if (static_cast<int>(tok.tokens.size()) != c.vocab_size)
     return Status::InvalidArgument("vocabulary has " + std::to_string(tok.tokens.size()) +
                                    " tokens but the model's vocab size is " + std::to_string(c.vocab_size));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <unordered_map>
 
 #include "model/tokenizer/pretokenizer.h"
@@ -68,9 +69,11 @@ std::string PatternOf(const json& node) {
   return out + s.substr(pos) + "\\E";
 }
 
-std::string StringPatternOf(const json& node) {
+// The literal of a {"String": s} pattern; nullopt for a regex.
+std::optional<std::string> StringPatternOf(const json& node) {
   const json& p = node.at("pattern");
-  return p.contains("String") ? p.at("String").get<std::string>() : std::string("\x01regex");
+  if (!p.contains("String")) return std::nullopt;
+  return p.at("String").get<std::string>();
 }
 
 struct Parsed {
@@ -89,7 +92,8 @@ Status ParseNormalizerAndPre(const json& j, Parsed* p) {
     if (type == "NFC") continue;  // identity on NFC text; see tokenizer_spec.h
     if (s.model == "llama" && type == "Prepend" && n->value("prepend", "") == kSpaceMarker) {
       prepend = true;
-    } else if (s.model == "llama" && type == "Replace" && StringPatternOf(*n) == " " &&
+    } else if (s.model == "llama" && type == "Replace" &&
+               StringPatternOf(*n) == std::optional<std::string>(" ") &&
                n->value("content", "") == kSpaceMarker) {
       replace = true;
     } else {
@@ -341,11 +345,10 @@ Result<TokenizerSpec> FromJson(const json& j, const json& config) {
   Parsed p;
   // Byte-level when a ByteLevel component is present anywhere.
   bool byte_level = false;
-  for (const char* key : {"pre_tokenizer", "decoder"}) {
+  for (const auto& [key, list_key] :
+       {std::pair{"pre_tokenizer", "pretokenizers"}, std::pair{"decoder", "decoders"}}) {
     if (!j.contains(key)) continue;
-    for (const json* c : Flatten(j[key], key[0] == 'p' ? "pretokenizers" : "decoders")) {
-      byte_level |= TypeOf(*c) == "ByteLevel";
-    }
+    for (const json* c : Flatten(j[key], list_key)) byte_level |= TypeOf(*c) == "ByteLevel";
   }
   p.spec.model = byte_level ? "gpt2" : "llama";
   STRATA_RETURN_IF_ERROR(ParseModel(j, &p));

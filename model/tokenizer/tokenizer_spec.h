@@ -23,6 +23,9 @@ enum TokenType : int32_t {
   kTokenTypeByte = 6,         // <0xNN> byte-fallback token (model "llama")
 };
 
+// pre_regexes, space_prefix_scheme and ignore_merges come from tokenizer.json
+// only: GGUF has no keys for them (a GGUF "gpt2" model names its regexes
+// through `pre`).
 struct TokenizerSpec {
   // "llama": SentencePiece style (▁ for spaces, byte fallback).
   // "gpt2":  byte-level BPE with a regex pre-tokenizer.
@@ -57,9 +60,11 @@ struct TokenizerSpec {
   //   "first"  HF Metaspace: only the segment at the start of the input, and
   //            only when it does not already start with ▁.
   std::string space_prefix_scheme;
-  bool byte_fallback = true;   // pieces not in the vocabulary -> <0xNN> tokens
-  bool ignore_merges = false;  // "gpt2": a pre-token found whole in the vocabulary skips BPE
-  std::string chat_template;   // raw Jinja text, if any
+  bool byte_fallback = true;  // pieces not in the vocabulary -> <0xNN> tokens
+  // "gpt2": a pre-token found whole in the vocabulary skips BPE. GGUF has no
+  // key for it; Tokenizer::Create() sets it for pre "llama-bpe", as llama.cpp.
+  bool ignore_merges = false;
+  std::string chat_template;  // raw Jinja text, if any
 };
 
 // Builds a spec from a Hugging Face tokenizer.json (required) and

@@ -15,6 +15,7 @@
 
 #include "model/backend/cpu/matmul_internal.h"
 #include "model/backend/cpu/matmul_kernels.h"
+#include "model/backend/cpu/quant.h"
 
 namespace strata::cpu {
 
@@ -27,9 +28,17 @@ constexpr int64_t kMinTaskMacs = int64_t{1} << 16;
 // Rows per dot task are rounded to this, so tasks touch whole cache lines of y
 // for most shapes.
 constexpr int64_t kRowAlign = 16;
-// Target size of one dequantized sgemm tile (floats): about 512 KiB, half an
-// L2 on current x86 cores, so the tile stays cached while sgemm packs it.
-constexpr int64_t kTileFloats = int64_t{1} << 17;
+// Target size of one dequantized sgemm tile (floats): 2 MiB, 256 rows of
+// 2048. Measured (bench/blas_compare, oneDNN): 128-512 rows are within noise
+// of each other at 64 tokens; 64 rows lose up to 2x at 16-64 tokens (per-call
+// overhead), and bigger tiles help slightly at 512 tokens.
+constexpr int64_t kTileFloats = int64_t{1} << 19;
+// oneDNN's sgemm is fast for M <= 8 tokens and M >= 64 but about half as fast
+// in between (M = 16: 53 GFLOP/s, M = 8: 112). Batches in that range are
+// multiplied 8 tokens at a time (the tile stays in cache between chunks).
+// OpenBLAS is slow at small M either way, and chunking makes it slower.
+constexpr int64_t kGemmChunkTokens = 8;
+constexpr int64_t kGemmNoChunkTokens = 64;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -60,11 +69,11 @@ float* ThreadScratch(int64_t n) {
 int64_t TileRows(int64_t cols, int64_t requested) {
   if (requested > 0) return requested;
   const int64_t r = (kTileFloats / std::max<int64_t>(cols, 1)) / kRowAlign * kRowAlign;
-  return std::clamp<int64_t>(r, kRowAlign, 256);
+  return std::clamp<int64_t>(r, 64, 512);
 }
 
-void DotPath(int type_index, const DotArgs& base, ThreadPool& pool) {
-  const DotRowsFn dot = ActiveKernels().dot[type_index];
+void DotPath(const KernelTable& kernels, int type_index, const DotArgs& base, ThreadPool& pool) {
+  const DotRowsFn dot = kernels.dot[type_index];
   const int64_t rows = base.row_end;
   const int64_t macs_per_row = std::max<int64_t>(base.cols * base.n_tokens, 1);
   const int64_t min_rows = std::max<int64_t>(1, kMinTaskMacs / macs_per_row);
@@ -83,6 +92,19 @@ void DotPath(int type_index, const DotArgs& base, ThreadPool& pool) {
   });
 }
 
+// sgemm of all n_tokens rows of x against n weight rows b (row-major, ldb),
+// in token chunks where the BLAS is slow with the whole batch.
+void SgemmTokens(BlasLibrary lib, int threads, int64_t n_tokens, int64_t n, int64_t k,
+                 const float* x, const float* b, int64_t ldb, float* y, int64_t ldy) {
+  const bool chunked = ResolveBlas(lib) == BlasLibrary::kDnnl && n_tokens > kGemmChunkTokens &&
+                       n_tokens < kGemmNoChunkTokens;
+  const int64_t chunk = chunked ? kGemmChunkTokens : n_tokens;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += chunk) {
+    const int64_t m = std::min(chunk, n_tokens - t0);
+    SgemmNT(lib, threads, m, n, k, x + t0 * k, k, b, ldb, y + t0 * ldy, ldy);
+  }
+}
+
 void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens, float* y,
               ThreadPool& pool, const MatMulOptions& opt) {
   const int64_t rows = w.rows();
@@ -91,21 +113,11 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
   const int threads = pool.num_threads();
   const BlasLibrary lib = opt.blas;
 
-  if (w.type == DType::kF32) {
-    const auto* wf = reinterpret_cast<const float*>(w.data);
-    if (opt.threading == GemmThreading::kBlasThreads || threads == 1) {
-      SgemmNT(lib, threads, n_tokens, rows, cols, x, cols, wf, cols, y, rows);
-      return;
-    }
-    const int64_t per = CeilDiv(CeilDiv(rows, threads), kRowAlign) * kRowAlign;
-    pool.Run(static_cast<int>(CeilDiv(rows, per)), [&](int task) {
-      const int64_t r0 = task * per;
-      const int64_t nr = std::min(rows, r0 + per) - r0;
-      SgemmNT(lib, 1, n_tokens, nr, cols, x, cols, wf + r0 * cols, cols, y + r0, rows);
-    });
+  if (w.type == DType::kF32 && (opt.threading == GemmThreading::kBlasThreads || threads == 1)) {
+    SgemmTokens(lib, threads, n_tokens, rows, cols, x, reinterpret_cast<const float*>(w.data), cols,
+                y, rows);
     return;
   }
-
   const DequantRowFn dequant = ActiveKernels().dequant[type_index];
   const int64_t tile = TileRows(cols, opt.tile_rows);
   if (opt.threading == GemmThreading::kBlasThreads) {
@@ -122,31 +134,56 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
                                    scratch + static_cast<int64_t>(r) * cols, cols);
                          }
                        });
-      SgemmNT(lib, threads, n_tokens, nr, cols, x, cols, scratch, cols, y + r0, rows);
+      SgemmTokens(lib, threads, n_tokens, nr, cols, x, scratch, cols, y + r0, rows);
     }
     return;
   }
   // Tiles are handed out dynamically (pool.Run's shared counter), so a slow
-  // thread takes fewer of them.
+  // thread takes fewer of them. f32 tiles are used in place; tiling them too
+  // keeps a tile in cache across the token chunks of SgemmTokens.
   pool.Run(static_cast<int>(CeilDiv(rows, tile)), [&](int task) {
     const int64_t r0 = task * tile;
     const int64_t nr = std::min(tile, rows - r0);
-    float* scratch = ThreadScratch(tile * cols);
-    for (int64_t r = 0; r < nr; ++r)
-      dequant(w.data + (r0 + r) * row_bytes, scratch + r * cols, cols);
-    SgemmNT(lib, 1, n_tokens, nr, cols, x, cols, scratch, cols, y + r0, rows);
+    const float* b;
+    if (w.type == DType::kF32) {
+      b = reinterpret_cast<const float*>(w.data + r0 * row_bytes);
+    } else {
+      float* scratch = ThreadScratch(tile * cols);
+      for (int64_t r = 0; r < nr; ++r) {
+        dequant(w.data + (r0 + r) * row_bytes, scratch + r * cols, cols);
+      }
+      b = scratch;
+    }
+    SgemmTokens(lib, 1, n_tokens, nr, cols, x, b, cols, y + r0, rows);
   });
 }
 
 }  // namespace
 
-int64_t DefaultGemmMinTokens(DType t) {
+// Where dequantize + sgemm overtakes the dot kernels (bench/blas_compare,
+// 5632x2048, 2 threads, CPU time). With oneDNN: f32 at 2 tokens (sgemm
+// reads the f32 weight as fast as the dot kernel and computes better); the
+// others at 3 to 8: the dot kernels handle 4 tokens per pass over the weights,
+// and Q4_0's decode is the cheapest. OpenBLAS is slow for small batches
+// (~5 ms for 2 to 8 tokens here, vs 0.5-2 ms), so with it sgemm waits longer.
+int64_t DefaultGemmMinTokens(DType t, BlasLibrary lib) {
+  if (ResolveBlas(lib) != BlasLibrary::kDnnl) return t == DType::kF32 ? 8 : 32;
   switch (t) {
     case DType::kF32:
-      return 8;
-    default:
+      return 2;
+    case DType::kQ8_0:
+      return 3;
+    case DType::kF16:
+    case DType::kBF16:
+      return 4;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      return 5;
+    case DType::kQ4_0:
       return 8;
   }
+  return 4;
 }
 
 void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float* y,
@@ -162,8 +199,8 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
     std::fill(y, y + n_tokens * rows, std::numeric_limits<float>::quiet_NaN());
     return;
   }
-  const int64_t gemm_min =
-      options.gemm_min_tokens > 0 ? options.gemm_min_tokens : DefaultGemmMinTokens(w.type);
+  const int64_t gemm_min = options.gemm_min_tokens > 0 ? options.gemm_min_tokens
+                                                       : DefaultGemmMinTokens(w.type, options.blas);
   if (n_tokens >= gemm_min) {
     GemmPath(w, type_index, x, n_tokens, y, pool, options);
     return;
@@ -189,7 +226,9 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
     }
     a.xsum = xsum.data();
   }
-  DotPath(type_index, a, pool);
+  // One table for the whole call (tests switch levels between calls).
+  const KernelTable& kernels = ActiveKernels();
+  DotPath(kernels, type_index, a, pool);
 }
 
 }  // namespace internal

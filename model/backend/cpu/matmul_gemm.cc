@@ -32,7 +32,9 @@ OmpSetNumThreads OmpSetter() {
 }
 #endif
 
-BlasLibrary Resolve(BlasLibrary lib) {
+}  // namespace
+
+BlasLibrary ResolveBlas(BlasLibrary lib) {
   if (lib == BlasLibrary::kDefault) {
 #if STRATA_BLAS_DNNL
     return BlasLibrary::kDnnl;
@@ -43,8 +45,6 @@ BlasLibrary Resolve(BlasLibrary lib) {
   if (!BlasAvailable(lib)) return BlasLibrary::kOpenBlas;
   return lib;
 }
-
-}  // namespace
 
 bool BlasAvailable(BlasLibrary lib) {
   switch (lib) {
@@ -58,7 +58,7 @@ bool BlasAvailable(BlasLibrary lib) {
 }
 
 const char* BlasName(BlasLibrary lib) {
-  switch (Resolve(lib)) {
+  switch (ResolveBlas(lib)) {
     case BlasLibrary::kDnnl:
       return "onednn";
     default:
@@ -71,7 +71,7 @@ void SgemmNT(BlasLibrary lib, int threads, int64_t m, int64_t n, int64_t k, cons
   if (m <= 0 || n <= 0) return;
   if (threads < 1) threads = 1;
 #if STRATA_BLAS_DNNL
-  if (Resolve(lib) == BlasLibrary::kDnnl) {
+  if (ResolveBlas(lib) == BlasLibrary::kDnnl) {
     if (OmpSetNumThreads set = OmpSetter()) set(threads);
     // Row-major, like cblas with CblasRowMajor. Arguments were checked by the
     // caller, so the status can only be OK.

@@ -17,6 +17,9 @@ enum class BlasLibrary {
 
 // True when `lib` is compiled in (kDefault always is).
 bool BlasAvailable(BlasLibrary lib);
+// The library `lib` stands for: kDefault resolved, unavailable ones replaced
+// by OpenBLAS.
+BlasLibrary ResolveBlas(BlasLibrary lib);
 const char* BlasName(BlasLibrary lib);
 
 enum class GemmThreading {
@@ -37,8 +40,8 @@ struct MatMulOptions {
   BlasLibrary blas = BlasLibrary::kDefault;
 };
 
-// The n_tokens threshold MatMul uses for `t` by default.
-int64_t DefaultGemmMinTokens(DType t);
+// The n_tokens threshold MatMul uses for `t` by default with `lib`.
+int64_t DefaultGemmMinTokens(DType t, BlasLibrary lib = BlasLibrary::kDefault);
 
 void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float* y,
                        ThreadPool& pool, const MatMulOptions& options);

@@ -380,23 +380,24 @@ void DotRows(const DotArgs& a) {
                                     a.y + t * a.y_stride + r, a.y_stride);
       }
     }
+    // The last 1-3 tokens in one pass too.
     const int64_t left = a.n_tokens - t;
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0; r < r1 && left > 0; ++r) {
       const uint8_t* row = a.w + r * a.row_bytes;
-      int64_t u = t;
-      if (left & 2) {
-        DotRow<Dec, 2>(row, a.cols, a.x + u * a.cols, nullptr, a.y + u * a.y_stride + r,
+      const float* x = a.x + t * a.cols;
+      float* y = a.y + t * a.y_stride + r;
+      if (left == 3) {
+        DotRow<Dec, 3>(row, a.cols, x, nullptr, y, a.y_stride);
+      } else if (left == 2) {
+        DotRow<Dec, 2>(row, a.cols, x, nullptr, y, a.y_stride);
+      } else {
+        DotRow<Dec, 1>(row, a.cols, x, a.xsum ? a.xsum + t * (a.cols / 32) : nullptr, y,
                        a.y_stride);
-        u += 2;
-      }
-      if (left & 1) {
-        DotRow<Dec, 1>(row, a.cols, a.x + u * a.cols, a.xsum ? a.xsum + u * (a.cols / 32) : nullptr,
-                       a.y + u * a.y_stride + r, a.y_stride);
       }
     }
   }
 }
-static_assert(kDotTokenGroup == 4, "DotRows handles the remainder as 2 + 1");
+static_assert(kDotTokenGroup == 4, "DotRows handles a remainder of 1 to 3 tokens");
 
 // ---- Dequantization ----------------------------------------------------------
 

@@ -26,8 +26,9 @@ constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::
 
 std::vector<SimdLevel> Levels() {
   std::vector<SimdLevel> v;
-  for (int l = 0; l <= static_cast<int>(DetectedSimdLevel()); ++l)
+  for (int l = 0; l <= static_cast<int>(DetectedSimdLevel()); ++l) {
     v.push_back(static_cast<SimdLevel>(l));
+  }
   return v;
 }
 

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/tokenizer/tokenizer.h"
@@ -118,7 +120,7 @@ TEST(TokenizerCreate, RejectsInvalidSpecsWithClearMessages) {
   expect_error(b, StatusCode::kInvalidArgument, "(unclosed");
 }
 
-TEST(SpmMerging, HighestScoreFirstLeftmostOnTies) {
+TEST(TokenizerSpmMerging, HighestScoreFirstLeftmostOnTies) {
   // "▁abc": "bc" outscores "ab", so ▁ + a + bc, and "▁a" loses to "bc".
   auto t = MustCreate(SpmSpec({"bc", "ab", kSp + "a", kSp, "a", "b", "c"}));
   EXPECT_EQ(t->Encode("abc", false, false),
@@ -130,7 +132,7 @@ TEST(SpmMerging, HighestScoreFirstLeftmostOnTies) {
   EXPECT_EQ(u->Encode("aaa", false, false), (std::vector<int32_t>{Id(*u, "aa"), Id(*u, "a")}));
 }
 
-TEST(SpmMerging, ControlAndBytePiecesAreNotMergedInto) {
+TEST(TokenizerSpmMerging, ControlAndBytePiecesAreNotMergedInto) {
   // "<s>" spelled in text must not be assembled from characters into the
   // control token, even when the pieces to reach it exist.
   auto t = MustCreate(SpmSpec({"<s", "<", "s", ">", kSp}));
@@ -139,7 +141,7 @@ TEST(SpmMerging, ControlAndBytePiecesAreNotMergedInto) {
   EXPECT_EQ(t->Decode(ids, true), "<s>");
 }
 
-TEST(SpmMerging, UnknownWithoutByteTokensBecomesUnk) {
+TEST(TokenizerSpmMerging, UnknownWithoutByteTokensBecomesUnk) {
   TokenizerSpec s;
   s.model = "llama";
   s.tokens = {"<unk>", kSp, "a"};
@@ -155,7 +157,7 @@ TEST(SpmMerging, UnknownWithoutByteTokensBecomesUnk) {
   EXPECT_EQ(t->Encode("a\xC3\xA9", false, false), (std::vector<int32_t>{1, 2}));
 }
 
-TEST(SpmMerging, TypesDerivedWhenAbsent) {
+TEST(TokenizerSpmMerging, TypesDerivedWhenAbsent) {
   TokenizerSpec s = SpmSpec({kSp, "a"});
   s.token_types.clear();
   auto t = MustCreate(s);
@@ -166,7 +168,7 @@ TEST(SpmMerging, TypesDerivedWhenAbsent) {
   EXPECT_EQ(t->Decode(t->Encode("\xC3\xA9", true, true), true), "\xC3\xA9");
 }
 
-TEST(MetaspacePrefix, FirstOnlyAndNotDoubled) {
+TEST(TokenizerMetaspacePrefix, FirstOnlyAndNotDoubled) {
   TokenizerSpec s = SpmSpec({kSp + "a", kSp, "a"});
   s.space_prefix_scheme = "first";
   auto t = MustCreate(s);
@@ -204,7 +206,7 @@ TokenizerSpec ByteLevelSpec() {
   return s;
 }
 
-TEST(ByteLevelBpe, MergesByRankAndRoundTripsAnyBytes) {
+TEST(TokenizerByteLevelBpe, MergesByRankAndRoundTripsAnyBytes) {
   auto t = MustCreate(ByteLevelSpec());
   const auto ids = t->Encode("hello world", false, false);
   EXPECT_EQ(ids, (std::vector<int32_t>{Id(*t, "hello"), Id(*t, "\xC4\xA0world")}));
@@ -221,7 +223,7 @@ TEST(ByteLevelBpe, MergesByRankAndRoundTripsAnyBytes) {
   EXPECT_EQ(t->Decode(bad, true), "x\xEF\xBF\xBD\xEF\xBF\xBDy");
 }
 
-TEST(ByteLevelBpe, SpecialTokenParsedOrNot) {
+TEST(TokenizerByteLevelBpe, SpecialTokenParsedOrNot) {
   auto t = MustCreate(ByteLevelSpec());
   const int32_t eot = t->eos_id();
   EXPECT_EQ(t->Encode("hello<|endoftext|>", false, true),
@@ -234,7 +236,7 @@ TEST(ByteLevelBpe, SpecialTokenParsedOrNot) {
   EXPECT_TRUE(t->IsEog(eot));
 }
 
-TEST(ByteLevelBpe, IgnoreMergesTakesWholeWords) {
+TEST(TokenizerByteLevelBpe, IgnoreMergesTakesWholeWords) {
   TokenizerSpec s = ByteLevelSpec();
   // "hello" reachable only through a merge that is now missing.
   s.merges.erase(std::find(s.merges.begin(), s.merges.end(), "hell o"));
@@ -250,7 +252,7 @@ TEST(ByteLevelBpe, IgnoreMergesTakesWholeWords) {
   EXPECT_TRUE(t->spec().ignore_merges);
 }
 
-TEST(ByteLevelBpe, PreTokenizerRegexesByName) {
+TEST(TokenizerByteLevelBpe, PreTokenizerRegexesByName) {
   TokenizerSpec s = ByteLevelSpec();
   s.tokens.push_back("12");
   s.merges.push_back("1 2");
@@ -265,7 +267,41 @@ TEST(ByteLevelBpe, PreTokenizerRegexesByName) {
   }
 }
 
-TEST(Utf8Repair, MaximalSubpartsBecomeOneReplacementEach) {
+// Any byte string encodes without crashing, and decodes back to itself with
+// ill-formed UTF-8 repaired (byte tokens / the byte-level alphabet keep every
+// byte). Several threads at once: the tokenizers are shared read-only.
+TEST(TokenizerRobustness, RandomBytesRoundTripConcurrently) {
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  toks.push_back(MustCreate(ByteLevelSpec()));
+  toks.push_back(MustCreate(SpmSpec({kSp, "a", "b", "ab", kSp + "a", "<", ">"})));
+  TokenizerSpec merges = SpmSpec({kSp, "a", "b", "ab"});
+  merges.merges = {"a b"};
+  toks.push_back(MustCreate(merges));
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(1234 + t);
+      for (int round = 0; round < 300; ++round) {
+        std::string text(rng() % 40, '\0');
+        // Mostly ASCII, some high bytes: valid and ill-formed UTF-8 mixed.
+        for (char& c : text)
+          c = static_cast<char>(rng() % 3 == 0 ? 0x80 + rng() % 128 : rng() % 128);
+        std::string repaired;
+        tokenizer_internal::AppendUtf8Lossy(text, true, &repaired);
+        for (const auto& tok : toks) {
+          for (bool parse : {false, true}) {
+            if (tok->Decode(tok->Encode(text, true, parse), true) != repaired) ++failures[t];
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+}
+
+TEST(TokenizerUtf8Repair, MaximalSubpartsBecomeOneReplacementEach) {
   using tokenizer_internal::AppendUtf8Lossy;
   auto repair = [](std::string_view in) {
     std::string out;

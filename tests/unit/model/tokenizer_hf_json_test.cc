@@ -63,7 +63,7 @@ Status ReadError(const std::string& tokenizer_json, const std::string& config = 
   return spec.ok() ? Status::Ok() : spec.error();
 }
 
-TEST(HfJsonRead, MinimalByteLevel) {
+TEST(TokenizerHfJsonRead, MinimalByteLevel) {
   auto spec = TokenizerSpecFromHfJson(kMinimalByteLevel, "");
   ASSERT_TRUE(spec.ok()) << spec.error().ToString();
   EXPECT_EQ(spec->model, "gpt2");
@@ -79,7 +79,7 @@ TEST(HfJsonRead, MinimalByteLevel) {
   EXPECT_EQ((*tok)->Encode("ab<|end|>", false, true), (std::vector<int32_t>{2, 3}));
 }
 
-TEST(HfJsonRead, ConfigGivesSpecialTokensAndTemplate) {
+TEST(TokenizerHfJsonRead, ConfigGivesSpecialTokensAndTemplate) {
   const std::string config = R"({"bos_token": {"content": "a"}, "eos_token": "<|end|>",
       "add_bos_token": true, "chat_template": [{"name": "tool_use", "template": "T"},
                                                {"name": "default", "template": "D"}]})";
@@ -91,7 +91,7 @@ TEST(HfJsonRead, ConfigGivesSpecialTokensAndTemplate) {
   EXPECT_EQ(spec->chat_template, "D");
 }
 
-TEST(HfJsonRead, TemplateProcessingDecidesBosAndEos) {
+TEST(TokenizerHfJsonRead, TemplateProcessingDecidesBosAndEos) {
   json j = json::parse(kMinimalByteLevel);
   j["post_processor"] = {
       {"type", "Sequence"},
@@ -112,7 +112,7 @@ TEST(HfJsonRead, TemplateProcessingDecidesBosAndEos) {
   EXPECT_EQ(spec->eos_id, 3);
 }
 
-TEST(HfJsonRead, ErrorsNameTheProblem) {
+TEST(TokenizerHfJsonRead, ErrorsNameTheProblem) {
   auto expect = [](const Status& s, StatusCode code, const std::string& needle) {
     EXPECT_EQ(s.code(), code) << s.ToString();
     EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
@@ -153,7 +153,7 @@ TEST(HfJsonRead, ErrorsNameTheProblem) {
 
 // A spec written as tokenizer.json + tokenizer_config.json and read back
 // gives a tokenizer that encodes identically.
-TEST(HfJsonWrite, Stories260KRoundTrip) {
+TEST(TokenizerHfJsonWrite, Stories260KRoundTrip) {
   const TokenizerSpec spec = Stories260KSpec();
   ASSERT_FALSE(spec.tokens.empty());
   auto tj = TokenizerSpecToHfTokenizerJson(spec);
@@ -184,7 +184,7 @@ TEST(HfJsonWrite, Stories260KRoundTrip) {
   }
 }
 
-TEST(HfJsonWrite, ByteLevelRoundTrip) {
+TEST(TokenizerHfJsonWrite, ByteLevelRoundTrip) {
   auto spec = TokenizerSpecFromHfJson(kMinimalByteLevel, R"({"eos_token": "<|end|>"})");
   ASSERT_TRUE(spec.ok());
   spec->pre_regexes.clear();
@@ -203,7 +203,7 @@ TEST(HfJsonWrite, ByteLevelRoundTrip) {
   EXPECT_EQ(back->chat_template, "{{ messages }}");
 }
 
-TEST(HfJsonWrite, RejectsInvalidSpec) {
+TEST(TokenizerHfJsonWrite, RejectsInvalidSpec) {
   TokenizerSpec s;
   s.model = "llama";
   auto r = TokenizerSpecToHfTokenizerJson(s);
@@ -213,7 +213,7 @@ TEST(HfJsonWrite, RejectsInvalidSpec) {
 
 // The written directory, tokenized by @huggingface/tokenizers, gives the ids
 // of Strata's SentencePiece tokenizer on the GGUF vocabulary.
-TEST(HfJsonWrite, IndependentReferenceLoadsWrittenStories260K) {
+TEST(TokenizerHfJsonWrite, IndependentReferenceLoadsWrittenStories260K) {
   const std::string ref_dir = testing::ReferenceDir();
   if (!fs::exists(fs::path(ref_dir) / "node_modules" / "@huggingface" / "tokenizers") ||
       testing::RunCommand("node --version").exit_code != 0) {

@@ -23,7 +23,7 @@ namespace {
 
 using nlohmann::json;
 
-class Stories260KTest : public ::testing::Test {
+class TokenizerStories260KTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     auto file = GgufFile::Open(testing::Stories260KPath());
@@ -62,7 +62,7 @@ class Stories260KTest : public ::testing::Test {
   static inline const json* golden_ = nullptr;
 };
 
-TEST_F(Stories260KTest, VocabularyShape) {
+TEST_F(TokenizerStories260KTest, VocabularyShape) {
   EXPECT_EQ(tok_->vocab_size(), 512);
   EXPECT_EQ(tok_->spec().model, "llama");
   EXPECT_EQ(tok_->bos_id(), 1);
@@ -81,7 +81,7 @@ TEST_F(Stories260KTest, VocabularyShape) {
   EXPECT_FALSE(tok_->TokenId("not a piece").has_value());
 }
 
-TEST_F(Stories260KTest, PromptIdsMatchLlamaCpp) {
+TEST_F(TokenizerStories260KTest, PromptIdsMatchLlamaCpp) {
   ASSERT_GE((*golden_)["cases"].size(), 5u);
   for (const json& c : (*golden_)["cases"]) {
     const std::string prompt = c["prompt"].get<std::string>();
@@ -92,7 +92,7 @@ TEST_F(Stories260KTest, PromptIdsMatchLlamaCpp) {
   }
 }
 
-TEST_F(Stories260KTest, GeneratedTextMatchesLlamaCpp) {
+TEST_F(TokenizerStories260KTest, GeneratedTextMatchesLlamaCpp) {
   for (const json& c : (*golden_)["cases"]) {
     const auto ids = c["generated_token_ids"].get<std::vector<int32_t>>();
     const std::string text = c["generated_text"].get<std::string>();
@@ -110,7 +110,7 @@ TEST_F(Stories260KTest, GeneratedTextMatchesLlamaCpp) {
   }
 }
 
-TEST_F(Stories260KTest, LeadingSpaceRule) {
+TEST_F(TokenizerStories260KTest, LeadingSpaceRule) {
   const auto hello = tok_->Encode("Hello", true, false);
   // The ▁ prefix is removed at the start of a sequence, kept in a continuation.
   EXPECT_EQ(tok_->Decode(hello, true), "Hello");
@@ -121,7 +121,7 @@ TEST_F(Stories260KTest, LeadingSpaceRule) {
   EXPECT_EQ(tok_->Decode(tok_->Encode(" Hello", true, false), true), " Hello");
 }
 
-TEST_F(Stories260KTest, ByteFallback) {
+TEST_F(TokenizerStories260KTest, ByteFallback) {
   // '日' and '😀' are not in this 512-piece vocabulary.
   for (const std::string text : {"é", "日本", "naïve 😀"}) {
     const auto ids = tok_->Encode(text, false, false);
@@ -134,7 +134,7 @@ TEST_F(Stories260KTest, ByteFallback) {
   EXPECT_EQ(tok_->Encode("日", false, false), expected);
 }
 
-TEST_F(Stories260KTest, StreamDecoderHoldsBackPartialUtf8) {
+TEST_F(TokenizerStories260KTest, StreamDecoderHoldsBackPartialUtf8) {
   const std::string emoji = "\xF0\x9F\x98\x80";  // 😀
   const auto bytes = Bytes(emoji);
   ASSERT_EQ(bytes.size(), 4u);
@@ -166,7 +166,7 @@ TEST_F(Stories260KTest, StreamDecoderHoldsBackPartialUtf8) {
             "\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
-TEST_F(Stories260KTest, SpecialTokensParsedOrNot) {
+TEST_F(TokenizerStories260KTest, SpecialTokensParsedOrNot) {
   EXPECT_EQ(tok_->Encode("<s>", false, true), std::vector<int32_t>{1});
   const auto as_text = tok_->Encode("<s>", false, false);
   EXPECT_EQ(std::count(as_text.begin(), as_text.end(), 1), 0);
@@ -181,7 +181,7 @@ TEST_F(Stories260KTest, SpecialTokensParsedOrNot) {
   EXPECT_EQ(tok_->Decode(ids, true), "a b");
 }
 
-TEST_F(Stories260KTest, EmptyAndOutOfRange) {
+TEST_F(TokenizerStories260KTest, EmptyAndOutOfRange) {
   EXPECT_TRUE(tok_->Encode("", false, true).empty());
   EXPECT_EQ(tok_->Encode("", true, true), std::vector<int32_t>{1});
   EXPECT_EQ(tok_->Decode(std::vector<int32_t>{}, true), "");
@@ -193,7 +193,7 @@ TEST_F(Stories260KTest, EmptyAndOutOfRange) {
   EXPECT_EQ(stream.Push(9999), "\xEF\xBF\xBD");
 }
 
-TEST_F(Stories260KTest, InvalidUtf8InputRoundTripsThroughByteTokens) {
+TEST_F(TokenizerStories260KTest, InvalidUtf8InputRoundTripsThroughByteTokens) {
   const std::string text = "ab\xFF\xC3(\xE2\x82";
   const auto ids = tok_->Encode(text, false, false);
   for (int32_t id : ids) {
@@ -204,7 +204,7 @@ TEST_F(Stories260KTest, InvalidUtf8InputRoundTripsThroughByteTokens) {
   EXPECT_EQ(tok_->Decode(ids, true), "ab\xEF\xBF\xBD\xEF\xBF\xBD(\xEF\xBF\xBD");
 }
 
-TEST_F(Stories260KTest, ConcurrentEncodeIsConsistent) {
+TEST_F(TokenizerStories260KTest, ConcurrentEncodeIsConsistent) {
   std::vector<std::string> texts;
   std::vector<std::vector<int32_t>> expected;
   for (const json& c : (*golden_)["cases"]) {

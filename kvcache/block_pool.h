@@ -1,0 +1,104 @@
+#pragma once
+// The device tier's block pool: reference counts and the prefix index over the
+// N blocks of the KV pool the backend computes on (ForwardEngine's pool, later
+// GPU HBM). Metadata only: it never touches block bytes, so the simulator can
+// run it over pools far larger than memory.
+//
+// States of a block:
+//   in use    ref > 0. Never handed out again, never evicted, never rewritten
+//             by anyone but its owners.
+//   free      ref == 0, no hash: holds nothing worth keeping; reused first.
+//   cached    ref == 0, has a hash: waits in an LRU (intrusive list, O(1)
+//             touch/remove); reused least-recently-released first, and then
+//             its hash leaves the prefix index (an eviction).
+// A block in use may also have a hash (a full block registered by Register()).
+//
+// Chains: every user of a block also holds all of its ancestors in the chain
+// (a request's prefix), and requests release their blocks tail first
+// (KvManager::Free does), so a chain's tail always enters the LRU before its
+// head and is evicted first.
+//
+// Thread-safety: none; one thread (the engine loop) owns the pool.
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/sha256.h"
+#include "common/status.h"
+#include "common/strong_id.h"
+#include "kvcache/block_hash.h"
+#include "kvcache/lru_list.h"
+
+namespace strata::kvcache {
+
+struct BlockPoolStats {
+  int32_t num_blocks = 0;
+  int32_t in_use = 0;      // ref > 0
+  int32_t free = 0;        // ref == 0, no hash
+  int32_t cached = 0;      // ref == 0, hashed, in the LRU
+  int32_t indexed = 0;     // blocks with a hash (in use or cached)
+  uint64_t evictions = 0;  // cached blocks whose hash was dropped for reuse
+};
+
+class BlockPool {
+ public:
+  // REQUIRES: num_blocks >= 0.
+  explicit BlockPool(int32_t num_blocks);
+
+  int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
+  // Blocks Allocate() can hand out now (free + cached).
+  int32_t num_allocatable() const { return static_cast<int32_t>(free_.size()) + lru_.size(); }
+  BlockPoolStats stats() const;
+
+  // Appends `n` blocks to `out`, each with ref 1 and no hash: free blocks
+  // first, then cached ones from the LRU front (evicting them). All or
+  // nothing: returns false and changes nothing when fewer than n are
+  // allocatable ("not now").
+  [[nodiscard]] bool Allocate(int32_t n, std::vector<BlockId>* out);
+
+  // The block holding `h`, if any (in use or cached). Does not touch it.
+  std::optional<BlockId> Lookup(const BlockHash& h) const;
+
+  // Takes a reference. A cached block leaves the LRU (a hit).
+  // REQUIRES: id < num_blocks(), and the block is in use or cached.
+  void Ref(BlockId id);
+  // Drops a reference; at zero the block becomes cached (at the LRU back) if
+  // it has a hash, else free. REQUIRES: ref(id) > 0.
+  void Release(BlockId id);
+
+  // Names the contents of an in-use block: it enters the prefix index. Returns
+  // false (and leaves the block unnamed) when another block already holds `h`
+  // (two requests computed the same block; the later copy stays private).
+  // REQUIRES: ref(id) > 0 and the block has no hash yet.
+  [[nodiscard]] bool Register(BlockId id, const BlockHash& h);
+
+  int32_t ref(BlockId id) const { return ref_[id.value()]; }
+  bool has_hash(BlockId id) const { return hashed_[id.value()]; }
+  const BlockHash& hash(BlockId id) const { return hash_[id.value()]; }
+
+  // Drops the hashes of all cached blocks (they become free). Blocks in use
+  // keep theirs. Returns how many were dropped (counted as evictions).
+  int32_t EvictAllCached();
+
+  // The cached blocks in eviction order (front = next victim). O(cached);
+  // for `strata cache` diagnostics and tests.
+  std::vector<BlockId> EvictionOrder() const;
+  // Audits every invariant above (ref counts vs lists vs index). O(N); for
+  // tests and debug checks.
+  Status CheckConsistency() const;
+
+ private:
+  void DropHash(int32_t i);
+
+  std::vector<int32_t> ref_;
+  std::vector<bool> hashed_;
+  std::vector<BlockHash> hash_;
+  std::vector<int32_t> free_;  // stack of free (unhashed, unreferenced) blocks
+  LruList lru_;                // cached blocks
+  std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
+  uint64_t evictions_ = 0;
+};
+
+}  // namespace strata::kvcache

@@ -1,0 +1,133 @@
+#include "kvcache/host_store.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+
+namespace strata::kvcache {
+
+Result<std::unique_ptr<HostStore>> HostStore::Create(const HostStoreOptions& options) {
+  if (options.block_bytes == 0) return Status::InvalidArgument("host store: block_bytes must be > 0");
+  const uint64_t slots = options.capacity_bytes / options.block_bytes;
+  if (slots > static_cast<uint64_t>(INT32_MAX))
+    return Status::InvalidArgument("host store: too many slots (" + std::to_string(slots) + ")");
+  std::unique_ptr<HostStore> s(new HostStore(options, static_cast<int32_t>(slots)));
+  if (!options.metadata_only && slots > 0) {
+    s->buffer_.reset(new (std::nothrow) uint8_t[slots * options.block_bytes]);
+    if (!s->buffer_)
+      return Status::ResourceExhausted("host store: cannot allocate " +
+                                       std::to_string(slots * options.block_bytes) + " bytes");
+  }
+  return s;
+}
+
+HostStore::HostStore(const HostStoreOptions& options, int32_t slots)
+    : block_bytes_(options.block_bytes),
+      metadata_only_(options.metadata_only),
+      slot_hash_(static_cast<size_t>(slots)),
+      slot_ns_(static_cast<size_t>(slots)),
+      slot_used_(static_cast<size_t>(slots), false),
+      lru_(slots) {
+  free_slots_.reserve(static_cast<size_t>(slots));
+  for (int32_t i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
+  index_.reserve(static_cast<size_t>(slots));
+}
+
+StoreStats HostStore::stats() const {
+  StoreStats s;
+  s.capacity_bytes = static_cast<uint64_t>(num_slots()) * block_bytes_;
+  s.blocks = index_.size();
+  s.used_bytes = s.blocks * block_bytes_;
+  s.evictions = evictions_;
+  s.write_errors = write_errors_;
+  return s;
+}
+
+bool HostStore::Contains(const BlockHash& h) const { return index_.contains(h); }
+
+size_t HostStore::CountPrefix(std::span<const BlockHash> chain) const {
+  size_t n = 0;
+  while (n < chain.size() && index_.contains(chain[n])) ++n;
+  return n;
+}
+
+void HostStore::FreeSlot(int32_t slot) {
+  const size_t u = static_cast<size_t>(slot);
+  index_.erase(slot_hash_[u]);
+  if (lru_.Contains(slot)) lru_.Remove(slot);
+  slot_used_[u] = false;
+  free_slots_.push_back(slot);
+}
+
+Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns,
+                              std::span<const uint8_t> data, uint64_t tag) {
+  if (!metadata_only_ && data.size() != block_bytes_)
+    return Status::InvalidArgument("host store: write of " + std::to_string(data.size()) +
+                                   " bytes, blocks are " + std::to_string(block_bytes_));
+  if (auto it = index_.find(h); it != index_.end()) {
+    lru_.Touch(it->second);
+    done_.push_back({tag, Status::Ok()});
+    return Status::Ok();
+  }
+  if (free_slots_.empty()) {
+    if (lru_.empty()) {
+      ++write_errors_;
+      done_.push_back({tag, Status::ResourceExhausted("host store has no slots")});
+      return Status::Ok();
+    }
+    FreeSlot(lru_.Front());
+    ++evictions_;
+  }
+  const int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  const size_t u = static_cast<size_t>(slot);
+  if (!metadata_only_) std::memcpy(slot_data(slot), data.data(), block_bytes_);
+  slot_hash_[u] = h;
+  slot_ns_[u] = ns;
+  slot_used_[u] = true;
+  lru_.PushBack(slot);
+  index_.emplace(h, slot);
+  done_.push_back({tag, Status::Ok()});
+  return Status::Ok();
+}
+
+Status HostStore::SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) {
+  if (!metadata_only_ && dst.size() != block_bytes_)
+    return Status::InvalidArgument("host store: read into " + std::to_string(dst.size()) +
+                                   " bytes, blocks are " + std::to_string(block_bytes_));
+  auto it = index_.find(h);
+  if (it == index_.end()) {
+    done_.push_back({tag, Status::NotFound("block not in host store")});
+    return Status::Ok();
+  }
+  lru_.Touch(it->second);
+  if (!metadata_only_) std::memcpy(dst.data(), slot_data(it->second), block_bytes_);
+  done_.push_back({tag, Status::Ok()});
+  return Status::Ok();
+}
+
+size_t HostStore::Poll(std::vector<StoreCompletion>* out) {
+  const size_t n = done_.size();
+  for (auto& c : done_) out->push_back(std::move(c));
+  done_.clear();
+  return n;
+}
+
+void HostStore::Drain(std::vector<StoreCompletion>* out) { (void)Poll(out); }
+
+Status HostStore::Remove(const BlockHash& h) {
+  auto it = index_.find(h);
+  if (it == index_.end()) return Status::NotFound("block not in host store");
+  FreeSlot(it->second);
+  return Status::Ok();
+}
+
+Status HostStore::Flush(const Sha256Digest* ns) {
+  for (int32_t i = 0; i < num_slots(); ++i) {
+    const size_t u = static_cast<size_t>(i);
+    if (slot_used_[u] && (ns == nullptr || slot_ns_[u] == *ns)) FreeSlot(i);
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::kvcache

@@ -1,0 +1,293 @@
+#include "kvcache/kv_manager.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/logging.h"
+
+namespace strata::kvcache {
+
+Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options,
+                                                     BlockMemoryFn device_memory,
+                                                     BlockStore* lower, Clock* clock) {
+  if (options.block_size <= 0) return Status::InvalidArgument("kv manager: block_size must be > 0");
+  if (options.num_device_blocks < 0)
+    return Status::InvalidArgument("kv manager: num_device_blocks must be >= 0");
+  if (device_memory && options.block_bytes == 0)
+    return Status::InvalidArgument("kv manager: block_bytes must be > 0 with device memory");
+  if (clock == nullptr) return Status::InvalidArgument("kv manager: clock is null");
+  return std::unique_ptr<KvManager>(new KvManager(options, std::move(device_memory), lower, clock));
+}
+
+KvManager::KvManager(const KvManagerOptions& options, BlockMemoryFn device_memory,
+                     BlockStore* lower, Clock* clock)
+    : options_(options),
+      memory_(std::move(device_memory)),
+      lower_(lower),
+      clock_(clock),
+      pool_(options.num_device_blocks) {}
+
+KvManager::~KvManager() {
+  if (lower_ == nullptr || ops_.empty()) return;
+  std::vector<StoreCompletion> done;
+  lower_->Drain(&done);
+  for (const auto& c : done) Complete(c);
+}
+
+std::span<uint8_t> KvManager::BlockSpan(BlockId id) const {
+  if (!memory_) return {};
+  return {memory_(id), static_cast<size_t>(options_.block_bytes)};
+}
+
+int32_t KvManager::MaxCachedBlocks(size_t prompt_tokens, size_t chain_blocks) const {
+  // The last prompt token is always computed: at most prompt_tokens - 1 from cache.
+  const size_t cap = prompt_tokens == 0 ? 0 : (prompt_tokens - 1) / static_cast<size_t>(options_.block_size);
+  return static_cast<int32_t>(std::min(cap, chain_blocks));
+}
+
+size_t KvManager::CountDeviceHits(std::span<const BlockHash> chain, size_t max_blocks) const {
+  size_t d = 0;
+  while (d < max_blocks && pool_.Lookup(chain[d]).has_value()) ++d;
+  return d;
+}
+
+size_t KvManager::CountLowerHits(std::span<const BlockHash> chain, size_t from,
+                                 size_t max_blocks) const {
+  if (lower_ == nullptr || from >= max_blocks || options_.load_policy == LoadPolicy::kNever) return 0;
+  const size_t h = lower_->CountPrefix(chain.subspan(from, max_blocks - from));
+  if (h == 0 || options_.load_policy == LoadPolicy::kAlways) return h;
+  // kAuto: load only when moving the bytes beats recomputing the tokens.
+  if (options_.lower_read_bytes_per_s <= 0 || options_.recompute_tokens_per_s <= 0) return h;
+  const double load_s = static_cast<double>(h * options_.block_bytes) / options_.lower_read_bytes_per_s;
+  const double compute_s =
+      static_cast<double>(h * static_cast<size_t>(options_.block_size)) / options_.recompute_tokens_per_s;
+  return load_s < compute_s ? h : 0;
+}
+
+PrefixMatch KvManager::Match(std::span<const int32_t> prompt, std::string_view cache_salt) const {
+  const auto chain = HashPrefix(options_.ns, prompt, options_.block_size, cache_salt);
+  const size_t max_blocks = static_cast<size_t>(MaxCachedBlocks(prompt.size(), chain.size()));
+  const size_t d = CountDeviceHits(chain, max_blocks);
+  const size_t h = CountLowerHits(chain, d, max_blocks);
+  PrefixMatch m;
+  m.device_tokens = static_cast<int32_t>(d) * options_.block_size;
+  m.lower_tokens = static_cast<int32_t>(h) * options_.block_size;
+  return m;
+}
+
+Status KvManager::AddRequest(RequestId id, std::span<const int32_t> prompt,
+                             std::string_view cache_salt) {
+  if (prompt.empty()) return Status::InvalidArgument("kv manager: empty prompt");
+  if (requests_.contains(id))
+    return Status::InvalidArgument("kv manager: request " + std::to_string(id.value()) +
+                                   " is already tracked");
+  Request r;
+  r.prompt.assign(prompt.begin(), prompt.end());
+  r.salt.assign(cache_salt);
+  r.chain = HashPrefix(options_.ns, prompt, options_.block_size, cache_salt);
+  requests_.emplace(id, std::move(r));
+  return Status::Ok();
+}
+
+Result<AllocOutcome> KvManager::Allocate(RequestId id, int32_t num_tokens) {
+  auto it = requests_.find(id);
+  if (it == requests_.end())
+    return Status::NotFound("kv manager: unknown request " + std::to_string(id.value()));
+  if (num_tokens < 0) return Status::InvalidArgument("kv manager: negative token count");
+  Request& r = it->second;
+  if (!r.prefix_taken) return TakePrefix(id, r, num_tokens);
+  const size_t bs = static_cast<size_t>(options_.block_size);
+  const size_t need = (static_cast<size_t>(num_tokens) + bs - 1) / bs;
+  if (need <= r.table.size()) return AllocOutcome::kAllocated;
+  std::vector<BlockId> got;
+  if (!pool_.Allocate(static_cast<int32_t>(need - r.table.size()), &got)) return AllocOutcome::kNotNow;
+  for (BlockId b : got) r.table.push_back(static_cast<int32_t>(b.value()));
+  return AllocOutcome::kAllocated;
+}
+
+Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num_tokens) {
+  const size_t bs = static_cast<size_t>(options_.block_size);
+  const size_t max_blocks = static_cast<size_t>(MaxCachedBlocks(r.prompt.size(), r.chain.size()));
+  const size_t d = CountDeviceHits(r.chain, max_blocks);
+  const size_t h = CountLowerHits(r.chain, d, max_blocks);
+  const size_t need = std::max((static_cast<size_t>(num_tokens) + bs - 1) / bs, d + h);
+
+  // Device hits that sit in the LRU stop being allocatable once referenced.
+  std::vector<BlockId> hits;
+  int32_t cached_hits = 0;
+  for (size_t i = 0; i < d; ++i) {
+    hits.push_back(*pool_.Lookup(r.chain[i]));
+    if (pool_.ref(hits.back()) == 0) ++cached_hits;
+  }
+  if (static_cast<int64_t>(need - d) > pool_.num_allocatable() - cached_hits) return AllocOutcome::kNotNow;
+  for (BlockId b : hits) pool_.Ref(b);
+  std::vector<BlockId> fresh;
+  if (!pool_.Allocate(static_cast<int32_t>(need - d), &fresh)) {
+    // Unreachable by the check above; undo to keep "nothing changed".
+    for (auto b = hits.rbegin(); b != hits.rend(); ++b) pool_.Release(*b);
+    return Status::Internal("kv manager: pool allocation failed after the capacity check");
+  }
+  r.table.clear();
+  for (BlockId b : hits) r.table.push_back(static_cast<int32_t>(b.value()));
+  for (BlockId b : fresh) r.table.push_back(static_cast<int32_t>(b.value()));
+
+  r.prefix_taken = true;
+  r.device_hit_blocks = static_cast<int32_t>(d);
+  r.cached_blocks = static_cast<int32_t>(d + h);
+  r.committed_blocks = static_cast<int32_t>(d);
+  r.load_ok_until = static_cast<int32_t>(d + h);
+  ++stats_.queries;
+  stats_.query_tokens += r.prompt.size();
+  stats_.device.blocks += d;
+  stats_.device.tokens += d * bs;
+  for (size_t i = d; i < d + h; ++i) SubmitLoad(id, r, static_cast<int32_t>(i));
+  if (r.loads_pending == 0) FinishLoads(r);
+  return AllocOutcome::kAllocated;
+}
+
+void KvManager::SubmitLoad(RequestId id, Request& r, int32_t index) {
+  const BlockId block(static_cast<uint32_t>(r.table[static_cast<size_t>(index)]));
+  const uint64_t tag = next_tag_++;
+  // The op holds its own reference: the block is not reused while the store
+  // may still write into it, even if the request is freed meanwhile.
+  pool_.Ref(block);
+  ops_.emplace(tag, Op{OpKind::kLoad, id, index, block, r.chain[static_cast<size_t>(index)],
+                       clock_->NowNanos()});
+  ++r.loads_pending;
+  Status s = lower_->SubmitRead(r.chain[static_cast<size_t>(index)], BlockSpan(block), tag);
+  if (!s.ok()) {
+    ops_.erase(tag);
+    pool_.Release(block);
+    --r.loads_pending;
+    ++stats_.loads_failed;
+    r.load_ok_until = std::min(r.load_ok_until, index);
+    STRATA_LOG_WARN("kv manager: load from {} not submitted: {}", lower_->name(), s.ToString());
+  }
+}
+
+void KvManager::FinishLoads(Request& r) {
+  // Loaded blocks are named only now, and only the contiguous good prefix:
+  // anything after a failed load is recomputed into these same blocks.
+  for (int32_t i = r.device_hit_blocks; i < r.load_ok_until; ++i) {
+    const BlockId b(static_cast<uint32_t>(r.table[static_cast<size_t>(i)]));
+    (void)pool_.Register(b, r.chain[static_cast<size_t>(i)]);  // a duplicate stays private
+  }
+  r.cached_blocks = r.load_ok_until;
+  r.committed_blocks = r.load_ok_until;
+}
+
+void KvManager::SubmitWrite(BlockId block, const BlockHash& h) {
+  if (lower_ == nullptr || options_.write_policy != WritePolicy::kWriteThrough) return;
+  if (writes_in_flight_.contains(h) || lower_->Contains(h)) return;
+  const uint64_t tag = next_tag_++;
+  pool_.Ref(block);  // not overwritten while the store reads it
+  ops_.emplace(tag, Op{OpKind::kWrite, RequestId(), 0, block, h, clock_->NowNanos()});
+  writes_in_flight_.insert(h);
+  Status s = lower_->SubmitWrite(h, options_.ns, BlockSpan(block), tag);
+  if (!s.ok()) {
+    ops_.erase(tag);
+    writes_in_flight_.erase(h);
+    pool_.Release(block);
+    ++stats_.writes_failed;
+    STRATA_LOG_WARN("kv manager: write to {} not submitted: {}", lower_->name(), s.ToString());
+  }
+}
+
+Status KvManager::Commit(RequestId id, std::span<const int32_t> tokens) {
+  auto it = requests_.find(id);
+  if (it == requests_.end())
+    return Status::NotFound("kv manager: unknown request " + std::to_string(id.value()));
+  Request& r = it->second;
+  if (r.loads_pending > 0) return Status::InvalidArgument("kv manager: commit while loads are in flight");
+  const size_t bs = static_cast<size_t>(options_.block_size);
+  const size_t full = tokens.size() / bs;
+  if (full > r.table.size())
+    return Status::InvalidArgument("kv manager: commit of " + std::to_string(tokens.size()) +
+                                   " tokens beyond the " + std::to_string(r.table.size()) + " allocated blocks");
+  if (full > r.chain.size()) ExtendHashChain(options_.ns, tokens, options_.block_size, r.salt, &r.chain);
+  for (size_t i = static_cast<size_t>(r.committed_blocks); i < full; ++i) {
+    const BlockId b(static_cast<uint32_t>(r.table[i]));
+    if (pool_.Register(b, r.chain[i])) SubmitWrite(b, r.chain[i]);
+  }
+  r.committed_blocks = std::max(r.committed_blocks, static_cast<int32_t>(full));
+  return Status::Ok();
+}
+
+void KvManager::Free(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  const auto& table = it->second.table;
+  for (auto b = table.rbegin(); b != table.rend(); ++b) pool_.Release(BlockId(static_cast<uint32_t>(*b)));
+  requests_.erase(it);
+}
+
+void KvManager::Complete(const StoreCompletion& c) {
+  auto it = ops_.find(c.tag);
+  if (it == ops_.end()) return;  // not ours
+  const Op op = it->second;
+  ops_.erase(it);
+  const uint64_t bytes = options_.block_bytes;
+  if (op.kind == OpKind::kWrite) {
+    writes_in_flight_.erase(op.hash);
+    if (c.status.ok()) {
+      stats_.bytes_down += bytes;
+    } else {
+      ++stats_.writes_failed;
+      STRATA_LOG_DEBUG("kv manager: write to {} failed: {}", lower_->name(), c.status.ToString());
+    }
+    pool_.Release(op.block);
+    return;
+  }
+  stats_.load_nanos += clock_->NowNanos() - op.start_nanos;
+  auto rit = requests_.find(op.request);
+  if (c.status.ok()) {
+    stats_.bytes_up += bytes;
+  } else {
+    ++stats_.loads_failed;
+    STRATA_LOG_WARN("kv manager: load from {} failed, recomputing: {}", lower_->name(), c.status.ToString());
+  }
+  if (rit != requests_.end()) {
+    Request& r = rit->second;
+    if (!c.status.ok()) r.load_ok_until = std::min(r.load_ok_until, op.block_index);
+    if (--r.loads_pending == 0) {
+      FinishLoads(r);
+      const int32_t loaded = r.cached_blocks - r.device_hit_blocks;
+      stats_.lower.blocks += static_cast<uint64_t>(loaded);
+      stats_.lower.tokens += static_cast<uint64_t>(loaded) * static_cast<uint64_t>(options_.block_size);
+    }
+  }
+  pool_.Release(op.block);
+}
+
+size_t KvManager::Poll() {
+  if (lower_ == nullptr) return 0;
+  completions_.clear();
+  const size_t n = lower_->Poll(&completions_);
+  for (const auto& c : completions_) Complete(c);
+  return n;
+}
+
+std::span<const int32_t> KvManager::BlockTable(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return {};
+  return it->second.table;
+}
+
+bool KvManager::IsReady(RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() || it->second.loads_pending == 0;
+}
+
+int32_t KvManager::CachedTokens(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return 0;
+  return it->second.cached_blocks * options_.block_size;
+}
+
+KvManagerStats KvManager::stats() const {
+  KvManagerStats s = stats_;
+  s.device_pool = pool_.stats();
+  return s;
+}
+
+}  // namespace strata::kvcache

@@ -1,0 +1,386 @@
+// DiskStore behaviour on a real filesystem: round trips (also across reopen),
+// prefix counting, remove, flush by namespace, LRU eviction, namespaces.
+// Fault cases (corruption, kill -9, a full disk) are in disk_store_fault_test.cc.
+
+#include "kvcache/disk_store.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "common/sha256.h"
+
+namespace strata::kvcache {
+namespace {
+
+// A temp dir on a filesystem with O_DIRECT (/var/tmp, /tmp, else the cwd).
+class TempDir {
+ public:
+  TempDir() {
+    for (const char* base : {"/var/tmp", "/tmp", "."}) {
+      std::string tmpl = std::string(base) + "/strata-disk-XXXXXX";
+      if (mkdtemp(tmpl.data()) == nullptr) continue;
+      std::string probe = tmpl + "/probe";
+      int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
+      if (fd >= 0) {
+        close(fd);
+        unlink(probe.c_str());
+        path_ = tmpl;
+        return;
+      }
+      std::filesystem::remove_all(tmpl);
+    }
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+BlockHash HashOf(uint64_t i) {
+  BlockHash h;
+  h.digest = Sha256Of(&i, sizeof(i));
+  return h;
+}
+
+Sha256Digest Ns(uint8_t tag) {
+  Sha256Digest d{};
+  d.fill(tag);
+  return d;
+}
+
+std::vector<uint8_t> BlockOf(uint64_t i, size_t bytes) {
+  std::vector<uint8_t> v(bytes);
+  std::mt19937_64 rng(i * 7919 + 1);
+  for (size_t k = 0; k < bytes; k += 8) {
+    uint64_t x = rng();
+    std::memcpy(v.data() + k, &x, std::min<size_t>(8, bytes - k));
+  }
+  return v;
+}
+
+DiskStoreOptions Opts(const std::string& dir, uint64_t block, uint64_t slots) {
+  DiskStoreOptions o;
+  o.directory = dir + "/store";
+  o.block_bytes = block;
+  o.capacity_bytes = slots * ((block + 4095) / 4096 * 4096);
+  o.slab_file_bytes = 16 * ((block + 4095) / 4096 * 4096);
+  o.grow_bytes = 4 * ((block + 4095) / 4096 * 4096);
+  o.queue_depth = 8;
+  return o;
+}
+
+std::unique_ptr<DiskStore> MustOpen(const DiskStoreOptions& o) {
+  auto r = DiskStore::Open(o);
+  EXPECT_TRUE(r.ok()) << r.error().ToString();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+// Writes blocks `ids` (source buffers deliberately misaligned by `skew`).
+void WriteBlocks(DiskStore& s, const std::vector<uint64_t>& ids, const Sha256Digest& ns,
+                 size_t skew = 0) {
+  size_t bytes = s.options().block_bytes;
+  std::vector<std::vector<uint8_t>> bufs;
+  bufs.reserve(ids.size());
+  for (uint64_t id : ids) {
+    std::vector<uint8_t> b = BlockOf(id, bytes);
+    std::vector<uint8_t> padded(bytes + skew);
+    std::memcpy(padded.data() + skew, b.data(), bytes);
+    bufs.push_back(std::move(padded));
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    ASSERT_TRUE(s.SubmitWrite(HashOf(ids[k]), ns, {bufs[k].data() + skew, bytes}, ids[k]).ok());
+  }
+  std::vector<StoreCompletion> done;
+  s.Drain(&done);
+  ASSERT_EQ(done.size(), ids.size());
+  for (const auto& c : done) EXPECT_TRUE(c.status.ok()) << c.tag << ": " << c.status.ToString();
+}
+
+// Reads one block; the Status of its completion, data in *out.
+Status ReadBlock(DiskStore& s, uint64_t id, std::vector<uint8_t>* out, size_t skew = 0) {
+  size_t bytes = s.options().block_bytes;
+  std::vector<uint8_t> buf(bytes + skew + 4096);
+  uint8_t* p = buf.data();
+  if (skew == 0)
+    p += (4096 - reinterpret_cast<uintptr_t>(p) % 4096) % 4096;  // aligned
+  else
+    p += skew;
+  Status sub = s.SubmitRead(HashOf(id), {p, bytes}, id);
+  if (!sub.ok()) return sub;
+  std::vector<StoreCompletion> done;
+  s.Drain(&done);
+  if (done.size() != 1) return Status::Internal("expected one completion");
+  out->assign(p, p + bytes);
+  return done[0].status;
+}
+
+void ExpectBlock(DiskStore& s, uint64_t id, size_t skew = 0) {
+  std::vector<uint8_t> got;
+  Status st = ReadBlock(s, id, &got, skew);
+  ASSERT_TRUE(st.ok()) << "block " << id << ": " << st.ToString();
+  EXPECT_TRUE(got == BlockOf(id, s.options().block_bytes)) << "block " << id << " differs";
+}
+
+TEST(DiskStoreTest, RoundTripManyBlocksAndAfterReopen) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  DiskStoreOptions o = Opts(dir.path(), 64 << 10, 256);
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 100; ++i) ids.push_back(i);
+  {
+    auto s = MustOpen(o);
+    ASSERT_TRUE(s);
+    WriteBlocks(*s, {ids.begin(), ids.begin() + 50}, Ns(1), 0);  // aligned: direct I/O
+    WriteBlocks(*s, {ids.begin() + 50, ids.end()}, Ns(1), 3);    // misaligned: bounce
+    EXPECT_EQ(s->stats().blocks, 100u);
+    EXPECT_EQ(s->stats().used_bytes, 100u * (64 << 10));
+    for (uint64_t i : ids) ExpectBlock(*s, i, i % 2 ? 5 : 0);
+  }
+  auto s = MustOpen(o);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->stats().blocks, 100u);
+  EXPECT_EQ(s->stats().corrupt_blocks, 0u);
+  for (uint64_t i : ids) ExpectBlock(*s, i, i % 3 ? 0 : 1);
+  // Many reads in flight at once, more than the queue depth.
+  std::vector<std::vector<uint8_t>> bufs(ids.size(), std::vector<uint8_t>(64 << 10));
+  for (uint64_t i : ids) ASSERT_TRUE(s->SubmitRead(HashOf(i), bufs[i], i).ok());
+  std::vector<StoreCompletion> done;
+  s->Drain(&done);
+  ASSERT_EQ(done.size(), ids.size());
+  for (const auto& c : done) {
+    ASSERT_TRUE(c.status.ok()) << c.status.ToString();
+    EXPECT_TRUE(bufs[c.tag] == BlockOf(c.tag, 64 << 10));
+  }
+}
+
+TEST(DiskStoreTest, BlockSizeNotAMultipleOfTheSlot) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 5000, 32);
+  auto s = MustOpen(o);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->slot_bytes(), 8192u);
+  WriteBlocks(*s, {1, 2, 3}, Ns(1));
+  for (uint64_t i : {1, 2, 3}) ExpectBlock(*s, i);
+  s.reset();
+  s = MustOpen(o);
+  for (uint64_t i : {1, 2, 3}) ExpectBlock(*s, i, 7);
+}
+
+TEST(DiskStoreTest, PollDeliversCompletionsWithoutBlocking) {
+  TempDir dir;
+  auto s = MustOpen(Opts(dir.path(), 16 << 10, 64));
+  ASSERT_TRUE(s);
+  std::vector<uint8_t> b = BlockOf(9, 16 << 10);
+  ASSERT_TRUE(s->SubmitWrite(HashOf(9), Ns(1), b, 42).ok());
+  std::vector<StoreCompletion> done;
+  while (done.empty()) s->Poll(&done);  // the loop ends when the kernel finishes the write
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].tag, 42u);
+  EXPECT_TRUE(done[0].status.ok());
+  EXPECT_TRUE(s->Contains(HashOf(9)));
+}
+
+TEST(DiskStoreTest, CountPrefixStopsAtFirstMiss) {
+  TempDir dir;
+  auto s = MustOpen(Opts(dir.path(), 16 << 10, 64));
+  ASSERT_TRUE(s);
+  WriteBlocks(*s, {0, 1, 2, 3, 4, 5, 7}, Ns(1));
+  std::vector<BlockHash> chain;
+  for (uint64_t i = 0; i < 10; ++i) chain.push_back(HashOf(i));
+  EXPECT_EQ(s->CountPrefix(chain), 6u);
+  EXPECT_EQ(s->CountPrefix({chain.data() + 7, 3}), 1u);
+  EXPECT_EQ(s->CountPrefix({}), 0u);
+  EXPECT_FALSE(s->Contains(HashOf(6)));
+}
+
+TEST(DiskStoreTest, ExistingHashCompletesOkAndBadSizesAreRejected) {
+  TempDir dir;
+  auto s = MustOpen(Opts(dir.path(), 16 << 10, 64));
+  ASSERT_TRUE(s);
+  WriteBlocks(*s, {1}, Ns(1));
+  WriteBlocks(*s, {1}, Ns(1));
+  EXPECT_EQ(s->stats().blocks, 1u);
+  std::vector<uint8_t> small(100);
+  EXPECT_EQ(s->SubmitWrite(HashOf(2), Ns(1), small, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->SubmitRead(HashOf(1), small, 0).code(), StatusCode::kInvalidArgument);
+  std::vector<uint8_t> got;
+  EXPECT_EQ(ReadBlock(*s, 77, &got).code(), StatusCode::kNotFound);
+}
+
+TEST(DiskStoreTest, RemoveIsPersistent) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 64);
+  {
+    auto s = MustOpen(o);
+    ASSERT_TRUE(s);
+    WriteBlocks(*s, {1, 2, 3}, Ns(1));
+    ASSERT_TRUE(s->Remove(HashOf(2)).ok());
+    EXPECT_TRUE(s->Remove(HashOf(99)).ok());  // absent: nothing to do
+    EXPECT_FALSE(s->Contains(HashOf(2)));
+    std::vector<uint8_t> got;
+    EXPECT_EQ(ReadBlock(*s, 2, &got).code(), StatusCode::kNotFound);
+    EXPECT_EQ(s->stats().blocks, 2u);
+  }
+  auto s = MustOpen(o);
+  EXPECT_FALSE(s->Contains(HashOf(2)));
+  ExpectBlock(*s, 1);
+  ExpectBlock(*s, 3);
+}
+
+TEST(DiskStoreTest, RemoveWhileTheWriteIsInFlight) {
+  TempDir dir;
+  auto s = MustOpen(Opts(dir.path(), 16 << 10, 64));
+  ASSERT_TRUE(s);
+  std::vector<uint8_t> b = BlockOf(5, 16 << 10);
+  ASSERT_TRUE(s->SubmitWrite(HashOf(5), Ns(1), b, 5).ok());
+  ASSERT_TRUE(s->Remove(HashOf(5)).ok());
+  std::vector<StoreCompletion> done;
+  s->Drain(&done);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_FALSE(done[0].status.ok());
+  EXPECT_FALSE(s->Contains(HashOf(5)));
+  // Writing it again works.
+  WriteBlocks(*s, {5}, Ns(1));
+  ExpectBlock(*s, 5);
+}
+
+TEST(DiskStoreTest, FlushByNamespaceAndAll) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 64);
+  {
+    auto s = MustOpen(o);
+    ASSERT_TRUE(s);
+    WriteBlocks(*s, {1, 2, 3, 4}, Ns(0xa));
+    WriteBlocks(*s, {11, 12, 13}, Ns(0xb));
+    Sha256Digest a = Ns(0xa);
+    ASSERT_TRUE(s->Flush(&a).ok());
+    for (uint64_t i : {1, 2, 3, 4}) EXPECT_FALSE(s->Contains(HashOf(i)));
+    for (uint64_t i : {11, 12, 13}) ExpectBlock(*s, i);
+    EXPECT_EQ(s->stats().blocks, 3u);
+  }
+  auto s = MustOpen(o);
+  for (uint64_t i : {1, 2, 3, 4}) EXPECT_FALSE(s->Contains(HashOf(i)));
+  for (uint64_t i : {11, 12, 13}) EXPECT_TRUE(s->Contains(HashOf(i)));
+  ASSERT_TRUE(s->Flush(nullptr).ok());
+  EXPECT_EQ(s->stats().blocks, 0u);
+  // Freed slots are reused.
+  WriteBlocks(*s, {21, 22}, Ns(0xb));
+  ExpectBlock(*s, 21);
+}
+
+TEST(DiskStoreTest, LruEvictionAtCapacityKeepsOrderAcrossReopen) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 8);
+  {
+    auto s = MustOpen(o);
+    ASSERT_TRUE(s);
+    WriteBlocks(*s, {0, 1, 2, 3, 4, 5, 6, 7}, Ns(1));
+    ExpectBlock(*s, 0);  // 0 becomes the most recent
+    WriteBlocks(*s, {8, 9, 10}, Ns(1));
+    EXPECT_EQ(s->stats().evictions, 3u);
+    EXPECT_EQ(s->stats().blocks, 8u);
+    for (uint64_t i : {1, 2, 3}) EXPECT_FALSE(s->Contains(HashOf(i))) << i;
+    for (uint64_t i : {0, 4, 5, 6, 7, 8, 9, 10}) EXPECT_TRUE(s->Contains(HashOf(i))) << i;
+    ExpectBlock(*s, 4);  // 4 becomes the most recent; 5 is now the oldest
+  }
+  auto s = MustOpen(o);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->stats().blocks, 8u);
+  WriteBlocks(*s, {11, 12}, Ns(1));
+  EXPECT_FALSE(s->Contains(HashOf(5)));
+  EXPECT_FALSE(s->Contains(HashOf(6)));
+  for (uint64_t i : {0, 4, 7, 8, 9, 10, 11, 12}) ExpectBlock(*s, i);
+}
+
+TEST(DiskStoreTest, SmallerCapacityOnReopenEvicts) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 40);
+  {
+    auto s = MustOpen(o);
+    std::vector<uint64_t> ids;
+    for (uint64_t i = 0; i < 40; ++i) ids.push_back(i);
+    WriteBlocks(*s, ids, Ns(1));
+  }
+  o.capacity_bytes = 20 * (16 << 10);
+  auto s = MustOpen(o);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->stats().blocks, 20u);
+  EXPECT_EQ(s->stats().corrupt_blocks, 0u);
+  for (uint64_t i = 0; i < 40; ++i) {
+    if (s->Contains(HashOf(i))) ExpectBlock(*s, i);
+  }
+}
+
+TEST(DiskStoreTest, ForeignNamespaceIsAMissAndIsDropped) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 64);
+  {
+    auto s = MustOpen(o);
+    WriteBlocks(*s, {1}, Ns(0xa));
+    WriteBlocks(*s, {2}, Ns(0xb));
+  }
+  o.namespaces = {Ns(0xb)};
+  auto s = MustOpen(o);
+  ASSERT_TRUE(s);
+  EXPECT_FALSE(s->Contains(HashOf(1)));
+  EXPECT_TRUE(s->Contains(HashOf(2)));
+  std::vector<uint8_t> got;
+  EXPECT_EQ(ReadBlock(*s, 1, &got).code(), StatusCode::kCorrupt);
+  EXPECT_EQ(s->stats().corrupt_blocks, 1u);
+  EXPECT_EQ(ReadBlock(*s, 1, &got).code(), StatusCode::kNotFound);
+  ExpectBlock(*s, 2);
+  std::vector<uint8_t> b = BlockOf(3, 16 << 10);
+  EXPECT_EQ(s->SubmitWrite(HashOf(3), Ns(0xa), b, 3).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DiskStoreTest, AnotherBlockSizeWipesTheDirectory) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 64);
+  {
+    auto s = MustOpen(o);
+    WriteBlocks(*s, {1, 2}, Ns(1));
+  }
+  DiskStoreOptions o2 = Opts(dir.path(), 32 << 10, 64);
+  {
+    auto s = MustOpen(o2);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->stats().blocks, 0u);
+    WriteBlocks(*s, {3}, Ns(1));
+    ExpectBlock(*s, 3);
+  }
+}
+
+TEST(DiskStoreTest, BadOptionsAreRejected) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 64);
+  o.block_bytes = 1000;
+  EXPECT_EQ(DiskStore::Open(o).error().code(), StatusCode::kInvalidArgument);
+  o = Opts(dir.path(), 16 << 10, 64);
+  o.capacity_bytes = 100;
+  EXPECT_EQ(DiskStore::Open(o).error().code(), StatusCode::kInvalidArgument);
+  o = Opts(dir.path(), 16 << 10, 64);
+  o.directory = "/proc/strata-no-such-dir";
+  EXPECT_FALSE(DiskStore::Open(o).ok());
+}
+
+TEST(DiskStoreTest, SecondOpenOfTheSameDirectoryFails) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 64);
+  auto s = MustOpen(o);
+  ASSERT_TRUE(s);
+  auto second = DiskStore::Open(o);
+  EXPECT_FALSE(second.ok());
+}
+
+}  // namespace
+}  // namespace strata::kvcache
