@@ -119,7 +119,12 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
     return;
   }
   const DequantRowFn dequant = ActiveKernels().dequant[type_index];
-  const int64_t tile = TileRows(cols, opt.tile_rows);
+  int64_t tile = TileRows(cols, opt.tile_rows);
+  if (w.type == DType::kF32 && opt.tile_rows <= 0 && n_tokens >= kGemmNoChunkTokens) {
+    // Unchunked f32: one sgemm per thread packs x the fewest times (~20%
+    // faster at 512 tokens than 256-row tiles).
+    tile = CeilDiv(CeilDiv(rows, threads), kRowAlign) * kRowAlign;
+  }
   if (opt.threading == GemmThreading::kBlasThreads) {
     // One tile of `threads` ordinary tiles at a time: the pool decodes it, then
     // one multi-threaded sgemm multiplies it.

@@ -5,7 +5,6 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -432,7 +431,6 @@ TEST(QuantRoundTripTest, GaussianErrorWithinBounds) {
   for (const Bound& b : kBounds) {
     const double e = RelativeRmsError(b.type, x);
     EXPECT_LE(e, b.max_rel_rms) << DTypeName(b.type);
-    std::printf("rel rms %-5s %.3g\n", std::string(DTypeName(b.type)).c_str(), e);
     RecordProperty(std::string("rel_rms_") + std::string(DTypeName(b.type)), std::to_string(e));
   }
 }
