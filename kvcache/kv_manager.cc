@@ -10,28 +10,48 @@ namespace strata::kvcache {
 Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options,
                                                      BlockMemoryFn device_memory,
                                                      BlockStore* lower, Clock* clock) {
+  std::vector<LowerTier> lowers;
+  if (lower != nullptr)
+    lowers.push_back(LowerTier{lower, options.write_policy, 0, options.lower_read_bytes_per_s});
+  return Create(options, std::move(device_memory), std::move(lowers), clock);
+}
+
+Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options,
+                                                     BlockMemoryFn device_memory,
+                                                     std::vector<LowerTier> lowers, Clock* clock) {
+  for (const auto& t : lowers)
+    if (t.store == nullptr) return Status::InvalidArgument("kv manager: a lower tier's store is null");
   if (options.block_size <= 0) return Status::InvalidArgument("kv manager: block_size must be > 0");
   if (options.num_device_blocks < 0)
     return Status::InvalidArgument("kv manager: num_device_blocks must be >= 0");
   if (device_memory && options.block_bytes == 0)
     return Status::InvalidArgument("kv manager: block_bytes must be > 0 with device memory");
   if (clock == nullptr) return Status::InvalidArgument("kv manager: clock is null");
-  return std::unique_ptr<KvManager>(new KvManager(options, std::move(device_memory), lower, clock));
+  return std::unique_ptr<KvManager>(new KvManager(options, std::move(device_memory), std::move(lowers), clock));
 }
 
 KvManager::KvManager(const KvManagerOptions& options, BlockMemoryFn device_memory,
-                     BlockStore* lower, Clock* clock)
+                     std::vector<LowerTier> lowers, Clock* clock)
     : options_(options),
       memory_(std::move(device_memory)),
-      lower_(lower),
+      lowers_(std::move(lowers)),
       clock_(clock),
-      pool_(options.num_device_blocks) {}
+      pool_(options.num_device_blocks),
+      writes_in_flight_(lowers_.size()) {
+  for (const auto& t : lowers_) {
+    LowerTierStats ts;
+    ts.name = std::string(t.store->name());
+    stats_.tiers.push_back(std::move(ts));
+  }
+}
 
 KvManager::~KvManager() {
-  if (lower_ == nullptr || ops_.empty()) return;
-  std::vector<StoreCompletion> done;
-  lower_->Drain(&done);
-  for (const auto& c : done) Complete(c);
+  for (const auto& t : lowers_) {
+    if (ops_.empty()) return;
+    std::vector<StoreCompletion> done;
+    t.store->Drain(&done);
+    for (const auto& c : done) Complete(c);  // op tags are unique across tiers
+  }
 }
 
 std::span<uint8_t> KvManager::BlockSpan(BlockId id) const {
@@ -51,27 +71,47 @@ size_t KvManager::CountDeviceHits(std::span<const BlockHash> chain, size_t max_b
   return d;
 }
 
-size_t KvManager::CountLowerHits(std::span<const BlockHash> chain, size_t from,
-                                 size_t max_blocks) const {
-  if (lower_ == nullptr || from >= max_blocks || options_.load_policy == LoadPolicy::kNever) return 0;
-  const size_t h = lower_->CountPrefix(chain.subspan(from, max_blocks - from));
-  if (h == 0 || options_.load_policy == LoadPolicy::kAlways) return h;
+bool KvManager::WorthLoading(const LowerTier& t, size_t blocks) const {
+  if (options_.load_policy == LoadPolicy::kAlways) return true;
   // kAuto: load only when moving the bytes beats recomputing the tokens.
-  if (options_.lower_read_bytes_per_s <= 0 || options_.recompute_tokens_per_s <= 0) return h;
-  const double load_s = static_cast<double>(h * options_.block_bytes) / options_.lower_read_bytes_per_s;
+  if (t.read_bytes_per_s <= 0 || options_.recompute_tokens_per_s <= 0) return true;
+  const double load_s = static_cast<double>(blocks * options_.block_bytes) / t.read_bytes_per_s;
   const double compute_s =
-      static_cast<double>(h * static_cast<size_t>(options_.block_size)) / options_.recompute_tokens_per_s;
-  return load_s < compute_s ? h : 0;
+      static_cast<double>(blocks * static_cast<size_t>(options_.block_size)) / options_.recompute_tokens_per_s;
+  return load_s < compute_s;
+}
+
+std::vector<int> KvManager::CountLowerHits(std::span<const BlockHash> chain, size_t from,
+                                           size_t max_blocks) const {
+  std::vector<int> src;
+  if (options_.load_policy == LoadPolicy::kNever) return src;
+  size_t pos = from;
+  bool advanced = true;
+  while (pos < max_blocks && advanced) {
+    advanced = false;
+    for (size_t t = 0; t < lowers_.size(); ++t) {
+      const size_t h = lowers_[t].store->CountPrefix(chain.subspan(pos, max_blocks - pos));
+      if (h == 0) continue;
+      if (!WorthLoading(lowers_[t], h)) return src;  // recompute from here on
+      src.insert(src.end(), h, static_cast<int>(t));
+      pos += h;
+      advanced = true;
+      break;  // the next block: ask from the top tier again
+    }
+  }
+  return src;
 }
 
 PrefixMatch KvManager::Match(std::span<const int32_t> prompt, std::string_view cache_salt) const {
   const auto chain = HashPrefix(options_.ns, prompt, options_.block_size, cache_salt);
   const size_t max_blocks = static_cast<size_t>(MaxCachedBlocks(prompt.size(), chain.size()));
   const size_t d = CountDeviceHits(chain, max_blocks);
-  const size_t h = CountLowerHits(chain, d, max_blocks);
+  const auto src = CountLowerHits(chain, d, max_blocks);
   PrefixMatch m;
   m.device_tokens = static_cast<int32_t>(d) * options_.block_size;
-  m.lower_tokens = static_cast<int32_t>(h) * options_.block_size;
+  m.lower_tokens = static_cast<int32_t>(src.size()) * options_.block_size;
+  m.lower_tier_tokens.assign(lowers_.size(), 0);
+  for (int t : src) m.lower_tier_tokens[static_cast<size_t>(t)] += options_.block_size;
   return m;
 }
 
@@ -109,7 +149,8 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
   const size_t bs = static_cast<size_t>(options_.block_size);
   const size_t max_blocks = static_cast<size_t>(MaxCachedBlocks(r.prompt.size(), r.chain.size()));
   const size_t d = CountDeviceHits(r.chain, max_blocks);
-  const size_t h = CountLowerHits(r.chain, d, max_blocks);
+  const auto src = CountLowerHits(r.chain, d, max_blocks);
+  const size_t h = src.size();
   const size_t need = std::max((static_cast<size_t>(num_tokens) + bs - 1) / bs, d + h);
 
   // Device hits that sit in the LRU stop being allocatable once referenced.
@@ -136,32 +177,37 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
   r.cached_blocks = static_cast<int32_t>(d + h);
   r.committed_blocks = static_cast<int32_t>(d);
   r.load_ok_until = static_cast<int32_t>(d + h);
+  r.block_tier.assign(d, kDeviceTier);
+  for (int t : src) r.block_tier.push_back(t + 1);
   ++stats_.queries;
   stats_.query_tokens += r.prompt.size();
   stats_.device.blocks += d;
   stats_.device.tokens += d * bs;
-  for (size_t i = d; i < d + h; ++i) SubmitLoad(id, r, static_cast<int32_t>(i));
+  for (size_t i = 0; i < d; ++i) OnHit(hits[i], r.chain[i], -1);
+  for (size_t i = d; i < d + h; ++i) SubmitLoad(id, r, static_cast<int32_t>(i), src[i - d]);
   if (r.loads_pending == 0) FinishLoads(r);
   return AllocOutcome::kAllocated;
 }
 
-void KvManager::SubmitLoad(RequestId id, Request& r, int32_t index) {
+void KvManager::SubmitLoad(RequestId id, Request& r, int32_t index, int tier) {
   const BlockId block(static_cast<uint32_t>(r.table[static_cast<size_t>(index)]));
   const uint64_t tag = next_tag_++;
   // The op holds its own reference: the block is not reused while the store
   // may still write into it, even if the request is freed meanwhile.
   pool_.Ref(block);
-  ops_.emplace(tag, Op{OpKind::kLoad, id, index, block, r.chain[static_cast<size_t>(index)],
+  ops_.emplace(tag, Op{OpKind::kLoad, tier, id, index, block, r.chain[static_cast<size_t>(index)],
                        clock_->NowNanos()});
   ++r.loads_pending;
-  Status s = lower_->SubmitRead(r.chain[static_cast<size_t>(index)], BlockSpan(block), tag);
+  BlockStore* store = lowers_[static_cast<size_t>(tier)].store;
+  Status s = store->SubmitRead(r.chain[static_cast<size_t>(index)], BlockSpan(block), tag);
   if (!s.ok()) {
     ops_.erase(tag);
     pool_.Release(block);
     --r.loads_pending;
     ++stats_.loads_failed;
+    ++stats_.tiers[static_cast<size_t>(tier)].loads_failed;
     r.load_ok_until = std::min(r.load_ok_until, index);
-    STRATA_LOG_WARN("kv manager: load from {} not submitted: {}", lower_->name(), s.ToString());
+    STRATA_LOG_WARN("kv manager: load from {} not submitted: {}", store->name(), s.ToString());
   }
 }
 
@@ -169,27 +215,66 @@ void KvManager::FinishLoads(Request& r) {
   // Loaded blocks are named only now, and only the contiguous good prefix:
   // anything after a failed load is recomputed into these same blocks.
   for (int32_t i = r.device_hit_blocks; i < r.load_ok_until; ++i) {
-    const BlockId b(static_cast<uint32_t>(r.table[static_cast<size_t>(i)]));
-    (void)pool_.Register(b, r.chain[static_cast<size_t>(i)]);  // a duplicate stays private
+    const size_t k = static_cast<size_t>(i);
+    const BlockId b(static_cast<uint32_t>(r.table[k]));
+    (void)pool_.Register(b, r.chain[k]);  // a duplicate stays private
+    const int source = r.block_tier[k] - 1;
+    stats_.tiers[static_cast<size_t>(source)].hits.blocks += 1;
+    stats_.tiers[static_cast<size_t>(source)].hits.tokens += static_cast<uint64_t>(options_.block_size);
+    OnHit(b, r.chain[k], source);
   }
   r.cached_blocks = r.load_ok_until;
   r.committed_blocks = r.load_ok_until;
+  r.block_tier.resize(static_cast<size_t>(r.cached_blocks));
 }
 
-void KvManager::SubmitWrite(BlockId block, const BlockHash& h) {
-  if (lower_ == nullptr || options_.write_policy != WritePolicy::kWriteThrough) return;
-  if (writes_in_flight_.contains(h) || lower_->Contains(h)) return;
+void KvManager::OnCommitted(BlockId block, const BlockHash& h) {
+  for (size_t t = 0; t < lowers_.size(); ++t) {
+    if (lowers_[t].write_policy != WritePolicy::kWriteThrough) continue;
+    if (lowers_[t].admit_after == 0) {
+      SubmitWrite(static_cast<int>(t), block, h);
+    } else {
+      ++stats_.tiers[t].admissions_deferred;
+    }
+  }
+}
+
+void KvManager::OnHit(BlockId block, const BlockHash& h, int source) {
+  if (lowers_.empty()) return;
+  uint32_t hits = 0;
+  bool counting = false;
+  for (const auto& t : lowers_) counting = counting || t.admit_after > 0;
+  if (counting) {
+    if (hit_counts_.size() >= kMaxHitCounts && !hit_counts_.contains(h)) hit_counts_.clear();
+    hits = ++hit_counts_[h];
+  }
+  for (size_t t = 0; t < lowers_.size(); ++t) {
+    const LowerTier& tier = lowers_[t];
+    if (tier.write_policy != WritePolicy::kWriteThrough || static_cast<int>(t) == source) continue;
+    // Above the source: promote (write-through keeps the chain inclusive).
+    // Below it (or a device hit): admit once the block was hit often enough.
+    const bool promote = source >= 0 && static_cast<int>(t) < source;
+    if (promote || (tier.admit_after > 0 && hits >= tier.admit_after)) SubmitWrite(static_cast<int>(t), block, h);
+  }
+}
+
+void KvManager::SubmitWrite(int tier, BlockId block, const BlockHash& h) {
+  const size_t t = static_cast<size_t>(tier);
+  BlockStore* store = lowers_[t].store;
+  if (writes_in_flight_[t].contains(h) || store->Contains(h)) return;
   const uint64_t tag = next_tag_++;
   pool_.Ref(block);  // not overwritten while the store reads it
-  ops_.emplace(tag, Op{OpKind::kWrite, RequestId(), 0, block, h, clock_->NowNanos()});
-  writes_in_flight_.insert(h);
-  Status s = lower_->SubmitWrite(h, options_.ns, BlockSpan(block), tag);
+  ops_.emplace(tag, Op{OpKind::kWrite, tier, RequestId(), 0, block, h, clock_->NowNanos()});
+  writes_in_flight_[t].insert(h);
+  ++stats_.tiers[t].writes;
+  Status s = store->SubmitWrite(h, options_.ns, BlockSpan(block), tag);
   if (!s.ok()) {
     ops_.erase(tag);
-    writes_in_flight_.erase(h);
+    writes_in_flight_[t].erase(h);
     pool_.Release(block);
     ++stats_.writes_failed;
-    STRATA_LOG_WARN("kv manager: write to {} not submitted: {}", lower_->name(), s.ToString());
+    ++stats_.tiers[t].writes_failed;
+    STRATA_LOG_WARN("kv manager: write to {} not submitted: {}", store->name(), s.ToString());
   }
 }
 
@@ -207,7 +292,7 @@ Status KvManager::Commit(RequestId id, std::span<const int32_t> tokens) {
   if (full > r.chain.size()) ExtendHashChain(options_.ns, tokens, options_.block_size, r.salt, &r.chain);
   for (size_t i = static_cast<size_t>(r.committed_blocks); i < full; ++i) {
     const BlockId b(static_cast<uint32_t>(r.table[i]));
-    if (pool_.Register(b, r.chain[i])) SubmitWrite(b, r.chain[i]);
+    if (pool_.Register(b, r.chain[i])) OnCommitted(b, r.chain[i]);
   }
   r.committed_blocks = std::max(r.committed_blocks, static_cast<int32_t>(full));
   return Status::Ok();
@@ -227,24 +312,33 @@ void KvManager::Complete(const StoreCompletion& c) {
   const Op op = it->second;
   ops_.erase(it);
   const uint64_t bytes = options_.block_bytes;
+  const size_t t = static_cast<size_t>(op.tier);
+  LowerTierStats& ts = stats_.tiers[t];
+  const std::string_view name = lowers_[t].store->name();
   if (op.kind == OpKind::kWrite) {
-    writes_in_flight_.erase(op.hash);
+    writes_in_flight_[t].erase(op.hash);
     if (c.status.ok()) {
       stats_.bytes_down += bytes;
+      ts.bytes_down += bytes;
     } else {
       ++stats_.writes_failed;
-      STRATA_LOG_DEBUG("kv manager: write to {} failed: {}", lower_->name(), c.status.ToString());
+      ++ts.writes_failed;
+      STRATA_LOG_DEBUG("kv manager: write to {} failed: {}", name, c.status.ToString());
     }
     pool_.Release(op.block);
     return;
   }
-  stats_.load_nanos += clock_->NowNanos() - op.start_nanos;
+  const int64_t nanos = clock_->NowNanos() - op.start_nanos;
+  stats_.load_nanos += nanos;
+  ts.load_nanos += nanos;
   auto rit = requests_.find(op.request);
   if (c.status.ok()) {
     stats_.bytes_up += bytes;
+    ts.bytes_up += bytes;
   } else {
     ++stats_.loads_failed;
-    STRATA_LOG_WARN("kv manager: load from {} failed, recomputing: {}", lower_->name(), c.status.ToString());
+    ++ts.loads_failed;
+    STRATA_LOG_WARN("kv manager: load from {} failed, recomputing: {}", name, c.status.ToString());
   }
   if (rit != requests_.end()) {
     Request& r = rit->second;
@@ -260,10 +354,12 @@ void KvManager::Complete(const StoreCompletion& c) {
 }
 
 size_t KvManager::Poll() {
-  if (lower_ == nullptr) return 0;
-  completions_.clear();
-  const size_t n = lower_->Poll(&completions_);
-  for (const auto& c : completions_) Complete(c);
+  size_t n = 0;
+  for (const auto& t : lowers_) {
+    completions_.clear();
+    n += t.store->Poll(&completions_);
+    for (const auto& c : completions_) Complete(c);
+  }
   return n;
 }
 
@@ -282,6 +378,19 @@ int32_t KvManager::CachedTokens(RequestId id) const {
   auto it = requests_.find(id);
   if (it == requests_.end()) return 0;
   return it->second.cached_blocks * options_.block_size;
+}
+
+std::vector<int> KvManager::CachedBlockTiers(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return {};
+  const auto& bt = it->second.block_tier;
+  const size_t n = std::min(bt.size(), static_cast<size_t>(it->second.cached_blocks));
+  return {bt.begin(), bt.begin() + static_cast<std::ptrdiff_t>(n)};
+}
+
+std::string_view KvManager::tier_name(int tier) const {
+  if (tier <= kDeviceTier || static_cast<size_t>(tier) > lowers_.size()) return "device";
+  return lowers_[static_cast<size_t>(tier - 1)].store->name();
 }
 
 KvManagerStats KvManager::stats() const {

@@ -1,9 +1,17 @@
 #pragma once
 // KvManager: the narrow interface the scheduler and generation use to get KV
 // blocks (DESIGN.md: "blocks, or not now"). Behind it: the device BlockPool
-// with its prefix index, and an optional lower tier (host DRAM; any
-// BlockStore) that receives full blocks by write-through and serves prefix
-// hits by asynchronous loads into device blocks.
+// with its prefix index, and an ordered chain of lower tiers (host DRAM, then
+// disk; any BlockStore) that receive full blocks by write-through (or, per
+// tier, only after a block was hit N times) and serve prefix hits by
+// asynchronous loads into device blocks.
+//
+// Lookup: device first; from the first block the device lacks, each lower
+// tier in order is asked how many leading blocks of the rest it holds
+// (CountPrefix); the walk continues from the first tier holding the next
+// block, so a prefix may come partly from host and partly from disk. Each
+// block loads from the tier that answered for it. A block loaded from tier i
+// is also written to the write-through tiers above i that lack it.
 //
 // Per request:
 //   AddRequest(id, prompt, salt)  hashes the prompt's full blocks once.
@@ -86,35 +94,70 @@ using BlockMemoryFn = std::function<uint8_t*(BlockId)>;
 // prompt_tokens - 1 and whole blocks.
 struct PrefixMatch {
   int32_t device_tokens = 0;
-  int32_t lower_tokens = 0;
+  int32_t lower_tokens = 0;               // sum over lower tiers
+  std::vector<int32_t> lower_tier_tokens;  // per lower tier, in chain order
   int32_t total() const { return device_tokens + lower_tokens; }
 };
 
+// One lower tier of the chain, in order (host before disk).
+struct LowerTier {
+  BlockStore* store = nullptr;  // not owned; must outlive the manager
+  WritePolicy write_policy = WritePolicy::kWriteThrough;
+  // 0: every newly full block is written when committed. N > 0: a block is
+  // written only once it was hit (served from cache to a request) N times;
+  // hits are counted per hash in this process's memory (not across restarts).
+  uint32_t admit_after = 0;
+  double read_bytes_per_s = 0;  // kAuto estimate for this tier; 0 = unknown
+};
+
 enum class AllocOutcome { kAllocated, kNotNow };
+
+// Where a cached block of a request came from.
+inline constexpr int kDeviceTier = 0;  // lower tier i is reported as i + 1
 
 struct TierHits {
   uint64_t blocks = 0;
   uint64_t tokens = 0;
 };
 
+struct LowerTierStats {
+  std::string name;              // the store's name()
+  TierHits hits;                 // prefix blocks loaded from this tier (completed OK)
+  uint64_t bytes_down = 0;       // device → this tier (writes completed OK)
+  uint64_t bytes_up = 0;         // this tier → device (loads completed OK)
+  uint64_t writes = 0;           // writes submitted
+  uint64_t admissions_deferred = 0;  // full blocks not written yet (admit_after)
+  uint64_t writes_failed = 0;
+  uint64_t loads_failed = 0;
+  int64_t load_nanos = 0;
+};
+
 struct KvManagerStats {
   uint64_t queries = 0;        // requests whose prefix was looked up (first Allocate)
   uint64_t query_tokens = 0;   // their prompt tokens
   TierHits device;             // prefix blocks shared from device
-  TierHits lower;              // prefix blocks loaded from the lower tier (completed OK)
-  uint64_t bytes_down = 0;     // device → lower tier (writes completed OK)
-  uint64_t bytes_up = 0;       // lower tier → device (loads completed OK)
+  // The next five sum over lower tiers; `tiers` has them per tier.
+  TierHits lower;              // prefix blocks loaded from lower tiers (completed OK)
+  uint64_t bytes_down = 0;     // device → lower tiers (writes completed OK)
+  uint64_t bytes_up = 0;       // lower tiers → device (loads completed OK)
   uint64_t writes_failed = 0;
   uint64_t loads_failed = 0;
   int64_t load_nanos = 0;      // sum over loads of submit→completion (Clock time)
   BlockPoolStats device_pool;  // includes device evictions
+  std::vector<LowerTierStats> tiers;  // per lower tier, in chain order
 };
 
 class KvManager {
  public:
-  // `lower` (may be null: device only) and `clock` must outlive the manager.
-  // REQUIRES: block_size > 0, num_device_blocks >= 0; block_bytes > 0 when
-  // `device_memory` is set.
+  // `lowers` (may be empty: device only; no null stores) and `clock` must
+  // outlive the manager. REQUIRES: block_size > 0, num_device_blocks >= 0;
+  // block_bytes > 0 when `device_memory` is set. options.write_policy and
+  // options.lower_read_bytes_per_s are ignored here (per tier in LowerTier).
+  static Result<std::unique_ptr<KvManager>> Create(const KvManagerOptions& options,
+                                                   BlockMemoryFn device_memory,
+                                                   std::vector<LowerTier> lowers, Clock* clock);
+  // One lower tier (may be null: device only) with options.write_policy,
+  // admission on first commit and options.lower_read_bytes_per_s.
   static Result<std::unique_ptr<KvManager>> Create(const KvManagerOptions& options,
                                                    BlockMemoryFn device_memory,
                                                    BlockStore* lower, Clock* clock);
@@ -147,6 +190,12 @@ class KvManager {
   // Leading positions whose KV came from cache (0 before the first
   // Allocate). Final once IsReady(id). This is the "cached tokens" count.
   int32_t CachedTokens(RequestId id) const;
+  // For each of the CachedTokens(id) / block_size leading blocks, where it
+  // came from: kDeviceTier, or i + 1 for lower tier i. Final once IsReady(id).
+  std::vector<int> CachedBlockTiers(RequestId id) const;
+  // "device" for kDeviceTier, else the lower tier's store name.
+  std::string_view tier_name(int tier) const;
+  size_t num_lower_tiers() const { return lowers_.size(); }
 
   // `tokens`: every token whose KV is now in the request's blocks (prompt
   // prefix, then generated ones), in order. REQUIRES: IsReady(id), tokens
@@ -171,6 +220,7 @@ class KvManager {
     std::string salt;
     std::vector<BlockHash> chain;  // hashes of full blocks known so far
     std::vector<int32_t> table;
+    std::vector<int> block_tier;   // source tier of each cached block
     bool prefix_taken = false;
     int32_t cached_blocks = 0;     // leading blocks served from cache
     int32_t device_hit_blocks = 0;
@@ -181,6 +231,7 @@ class KvManager {
   enum class OpKind { kLoad, kWrite };
   struct Op {
     OpKind kind;
+    int tier = 0;  // index into lowers_
     RequestId request;
     int32_t block_index = 0;  // in the request's chain (loads)
     BlockId block;
@@ -188,26 +239,38 @@ class KvManager {
     int64_t start_nanos = 0;
   };
 
-  KvManager(const KvManagerOptions& options, BlockMemoryFn device_memory, BlockStore* lower,
+  KvManager(const KvManagerOptions& options, BlockMemoryFn device_memory, std::vector<LowerTier> lowers,
             Clock* clock);
   int32_t MaxCachedBlocks(size_t prompt_tokens, size_t chain_blocks) const;
   size_t CountDeviceHits(std::span<const BlockHash> chain, size_t max_blocks) const;
-  size_t CountLowerHits(std::span<const BlockHash> chain, size_t from, size_t max_blocks) const;
+  // Source tier index (into lowers_) of blocks [from, from + result.size()).
+  std::vector<int> CountLowerHits(std::span<const BlockHash> chain, size_t from, size_t max_blocks) const;
+  bool WorthLoading(const LowerTier& t, size_t blocks) const;
   Result<AllocOutcome> TakePrefix(RequestId id, Request& r, int32_t num_tokens);
-  void SubmitLoad(RequestId id, Request& r, int32_t index);
-  void SubmitWrite(BlockId block, const BlockHash& h);
+  void SubmitLoad(RequestId id, Request& r, int32_t index, int tier);
+  // Writes `block` (named `h`) to tier `tier` unless it is there or on its way.
+  void SubmitWrite(int tier, BlockId block, const BlockHash& h);
+  // A newly named full block: write-through tiers with admit_after == 0.
+  void OnCommitted(BlockId block, const BlockHash& h);
+  // A block served from cache (device hit or finished load from `source`,
+  // -1 for device): counts the hit, admits it where the count now suffices,
+  // and copies it to write-through tiers above `source` that lack it.
+  void OnHit(BlockId block, const BlockHash& h, int source);
   void FinishLoads(Request& r);
   void Complete(const StoreCompletion& c);
   std::span<uint8_t> BlockSpan(BlockId id) const;
 
   const KvManagerOptions options_;
   const BlockMemoryFn memory_;
-  BlockStore* const lower_;
+  const std::vector<LowerTier> lowers_;
   Clock* const clock_;
   BlockPool pool_;
   std::unordered_map<RequestId, Request> requests_;
   std::unordered_map<uint64_t, Op> ops_;
-  std::unordered_set<BlockHash, BlockHashHasher> writes_in_flight_;
+  std::vector<std::unordered_set<BlockHash, BlockHashHasher>> writes_in_flight_;  // per tier
+  // Hits per hash, for admit_after; cleared when it grows past kMaxHitCounts.
+  std::unordered_map<BlockHash, uint32_t, BlockHashHasher> hit_counts_;
+  static constexpr size_t kMaxHitCounts = 1 << 20;
   uint64_t next_tag_ = 1;
   KvManagerStats stats_;
   std::vector<StoreCompletion> completions_;  // reused by Poll

@@ -87,6 +87,30 @@ Result<GenerateOutput> Generate(ForwardEngine& engine, const Tokenizer& tokenize
                                      std::to_string(engine.num_blocks()));
   std::vector<int32_t> table(static_cast<size_t>(need_blocks));
   for (int i = 0; i < need_blocks; ++i) table[static_cast<size_t>(i)] = i;
+  SequenceKv kv;
+  kv.block_table = table;
+  return GenerateWithKv(engine, tokenizer, prompt, options, kv, on_text);
+}
+
+Result<GenerateOutput> GenerateWithKv(ForwardEngine& engine, const Tokenizer& tokenizer,
+                                      std::span<const int32_t> prompt, const GenerateOptions& options,
+                                      const SequenceKv& kv,
+                                      const std::function<void(std::string_view)>& on_text) {
+  const ModelConfig& c = engine.config();
+  STRATA_ASSIGN_OR_RETURN(int max_tokens, ResolveMaxTokens(static_cast<int>(prompt.size()), options.max_tokens,
+                                                           c.context_length));
+  STRATA_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling, c.vocab_size));
+  const size_t total = prompt.size() + static_cast<size_t>(max_tokens);
+  if (kv.block_table.size() * static_cast<size_t>(engine.kv_layout().block_size) < total)
+    return Status::InvalidArgument("the block table covers " + std::to_string(kv.block_table.size()) +
+                                   " blocks, fewer than the sequence's " + std::to_string(total) + " tokens need");
+  if (kv.cached_tokens < 0 || static_cast<size_t>(kv.cached_tokens) >= prompt.size())
+    return Status::InvalidArgument("cached_tokens " + std::to_string(kv.cached_tokens) +
+                                   " must be in [0, prompt tokens)");
+  const std::span<const int32_t> table = kv.block_table;
+  auto after_step = [&](std::span<const int32_t> with_kv) {
+    return kv.after_step ? kv.after_step(with_kv) : Status::Ok();
+  };
 
   GenerateOutput out;
   Sampler sampler(options.sampling, c.vocab_size);
@@ -103,10 +127,11 @@ Result<GenerateOutput> Generate(ForwardEngine& engine, const Tokenizer& tokenize
   auto t0 = Clock::now();
   std::vector<float> logits;
   const size_t chunk = static_cast<size_t>(std::max(1, options.prefill_chunk));
-  for (size_t start = 0; start < prompt.size(); start += chunk) {
+  for (size_t start = static_cast<size_t>(kv.cached_tokens); start < prompt.size(); start += chunk) {
     size_t n = std::min(chunk, prompt.size() - start);
     ForwardSeq seq{prompt.subspan(start, n), static_cast<int32_t>(start), table};
     STRATA_RETURN_IF_ERROR(engine.Forward({&seq, 1}, &logits));
+    STRATA_RETURN_IF_ERROR(after_step(prompt.first(start + n)));
   }
   auto t1 = Clock::now();
   out.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -133,6 +158,7 @@ Result<GenerateOutput> Generate(ForwardEngine& engine, const Tokenizer& tokenize
     if (step + 1 == max_tokens) break;
     ForwardSeq seq{std::span<const int32_t>(&history.back(), 1), static_cast<int32_t>(history.size() - 1), table};
     STRATA_RETURN_IF_ERROR(engine.Forward({&seq, 1}, &logits));
+    STRATA_RETURN_IF_ERROR(after_step(history));
   }
   if (!stop.stopped()) {
     emit(stop.Push(decoder.Flush()));

@@ -46,6 +46,29 @@ Result<GenerateOutput> Generate(ForwardEngine& engine, const Tokenizer& tokenize
                                 const GenerateOptions& options,
                                 const std::function<void(std::string_view)>& on_text = nullptr);
 
+// A sequence whose KV blocks are managed by the caller (a KV cache): the
+// block table, how much of the prompt already has KV, and a hook after each
+// forward step.
+struct SequenceKv {
+  // Blocks for positions [0, prompt + max_tokens); REQUIRES: valid engine ids.
+  std::span<const int32_t> block_table;
+  // Leading prompt positions whose KV is already in the blocks.
+  // REQUIRES: 0 <= cached_tokens < prompt size (the last prompt token is
+  // always computed, for its logits).
+  int32_t cached_tokens = 0;
+  // Called after each successful forward step with every token whose KV is
+  // now in the blocks (a prompt prefix, then prompt + generated). An error
+  // ends generation with it. May be empty.
+  std::function<Status(std::span<const int32_t>)> after_step;
+};
+
+// Generate() over caller-managed blocks: prefill starts at kv.cached_tokens.
+// With cached_tokens == 0 and blocks 0..n it computes exactly what Generate() does.
+Result<GenerateOutput> GenerateWithKv(ForwardEngine& engine, const Tokenizer& tokenizer,
+                                      std::span<const int32_t> prompt, const GenerateOptions& options,
+                                      const SequenceKv& kv,
+                                      const std::function<void(std::string_view)>& on_text = nullptr);
+
 // Incremental stop-string detection over streamed text. Push() appends text
 // and returns what can be released; once a stop string appears, stopped() is
 // true and nothing after it is ever released.

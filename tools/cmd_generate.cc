@@ -9,8 +9,13 @@
 #include "common/logging.h"
 #include "common/mapped_file.h"
 #include "common/thread_pool.h"
+#include "kvcache/block_hash.h"
+#include "kvcache/disk_store.h"
+#include "kvcache/host_store.h"
+#include "kvcache/kv_manager.h"
 #include "model/generate.h"
 #include "model/model_loader.h"
+#include "scheduler/cached_generate.h"
 #include "tools/commands.h"
 
 namespace strata::cli {
@@ -73,6 +78,69 @@ int Fail(const Status& s) {
   return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 
+// The KV cache behind one generation: device pool in the engine, then the
+// host and disk tiers the config enables.
+struct KvStack {
+  std::unique_ptr<kvcache::HostStore> host;
+  std::unique_ptr<kvcache::DiskStore> disk;
+  std::unique_ptr<kvcache::KvManager> manager;  // destroyed first (drains the stores)
+  ~KvStack() { manager.reset(); }
+};
+
+// Device blocks for the cached path: --kv-device-bytes, or enough for the
+// whole context (and at least this sequence).
+Result<int> DeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layout, int context_length, int total) {
+  const int bs = kv.block_size;
+  const int need = (total + bs - 1) / bs;
+  if (kv.device_bytes == 0) return std::max(need, (context_length + bs - 1) / bs);
+  const uint64_t blocks = kv.device_bytes / layout.block_bytes();
+  if (blocks < static_cast<uint64_t>(need))
+    return Status::InvalidArgument("--kv-device-bytes (kv.device_bytes) " + std::to_string(kv.device_bytes) +
+                                   " holds " + std::to_string(blocks) + " blocks of " +
+                                   std::to_string(layout.block_bytes()) + " bytes; this sequence needs " +
+                                   std::to_string(need));
+  return static_cast<int>(std::min<uint64_t>(blocks, 1u << 30));
+}
+
+Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
+                                             ForwardEngine& engine) {
+  auto stack = std::make_unique<KvStack>();
+  const uint64_t block_bytes = engine.kv_layout().block_bytes();
+  std::vector<kvcache::LowerTier> lowers;
+  if (kv.host_enabled()) {
+    STRATA_ASSIGN_OR_RETURN(stack->host, kvcache::HostStore::Create({kv.host_bytes, block_bytes, false}));
+    if (stack->host->num_slots() == 0)
+      return Status::InvalidArgument("--kv-host-bytes (kv.host_bytes) " + std::to_string(kv.host_bytes) +
+                                     " is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
+    lowers.push_back({stack->host.get(), kvcache::WritePolicy::kWriteThrough, 0, 0});
+  }
+  if (kv.disk_enabled()) {
+    if (block_bytes < 4096)
+      return Status::InvalidArgument("the disk KV tier (--kv-disk-path) needs blocks of at least 4096 bytes; this "
+                                     "model's blocks are " + std::to_string(block_bytes) +
+                                     " bytes: raise --kv-block-size or use a wider --kv-dtype");
+    kvcache::DiskStoreOptions d;
+    d.directory = kv.disk_path;
+    d.capacity_bytes = kv.disk_bytes;
+    d.block_bytes = block_bytes;
+    d.grow_bytes = std::min<uint64_t>(d.grow_bytes, kv.disk_bytes);
+    auto disk = kvcache::DiskStore::Open(d);
+    if (!disk) return disk.error().WithContext("--kv-disk-path " + kv.disk_path);
+    stack->disk = std::move(*disk);
+    lowers.push_back({stack->disk.get(), kvcache::WritePolicy::kWriteThrough, kv.disk_admit_after, 0});
+  }
+  kvcache::KvManagerOptions o;
+  o.block_size = kv.block_size;
+  o.num_device_blocks = engine.num_blocks();
+  o.block_bytes = block_bytes;
+  o.ns = kvcache::NamespaceDigest(m.weights.digest, m.weights.config.arch, kv.dtype, kv.block_size);
+  o.load_policy = kv.load_policy;
+  auto mem = [e = &engine](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
+  STRATA_ASSIGN_OR_RETURN(stack->manager,
+                          kvcache::KvManager::Create(o, mem, std::move(lowers), kvcache::RealClock()));
+  return stack;
+}
+
 int Run(CLI::App* cmd, GenerateFlags& f) {
   std::string err;
   if (!ResolveEngineFlags(cmd, &f.engine, &f.model, &err)) return Fail(Status::InvalidArgument(err));
@@ -133,6 +201,20 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
   kv.dtype = *DTypeFromName(f.engine.kv_dtype);
   int total = static_cast<int>(prompt.size()) + *max_tokens;
   kv.num_blocks = (total + kv.block_size - 1) / kv.block_size;
+  const kvcache::KvCacheConfig& kvc = f.engine.kv;
+  const bool cached = kvc.tiers_configured;
+  if (cached) {
+    KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv.block_size, kv.dtype};
+    auto blocks = DeviceBlocks(kvc, layout, c.context_length, total);
+    if (!blocks) return Fail(blocks.error());
+    kv.num_blocks = *blocks;
+    std::vector<std::string> warnings;
+    if (Status s = kvcache::ValidateKvCacheConfig(kvc, layout.block_bytes() * static_cast<uint64_t>(kv.num_blocks),
+                                                  &warnings);
+        !s.ok())
+      return Fail(s);
+    for (const auto& w : warnings) STRATA_LOG_WARN("{}", w);
+  }
   auto engine = ForwardEngine::Create(m.weights, kv, &pool);
   if (!engine) return Fail(engine.error());
   STRATA_LOG_INFO("model {} ({}; {} layers, dim {}, vocab {}), {} prompt tokens, kv {} x{} blocks, {} threads", m.id,
@@ -146,7 +228,23 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
       std::fflush(stdout);
     };
   }
-  auto out = Generate(**engine, *m.tokenizer, prompt, go, on_text);
+  std::unique_ptr<KvStack> stack;
+  scheduler::CachedGenerateOutput cached_out;
+  Result<GenerateOutput> out = GenerateOutput{};
+  if (cached) {
+    auto st = OpenKvStack(kvc, m, **engine);
+    if (!st) return Fail(st.error());
+    stack = std::move(*st);
+    auto r = scheduler::CachedGenerate(**engine, *stack->manager, *m.tokenizer, prompt, go, {}, on_text);
+    if (!r) return Fail(r.error());
+    cached_out = std::move(*r);
+    out = std::move(cached_out.gen);
+    STRATA_LOG_INFO("kv cache: {} of {} prompt tokens cached (load policy {})", cached_out.cached_tokens,
+                    prompt.size(), kvcache::LoadPolicyName(kvc.load_policy));
+    stack.reset();  // waits for write-throughs (disk) before the process reports
+  } else {
+    out = Generate(**engine, *m.tokenizer, prompt, go, on_text);
+  }
   if (!out) return Fail(out.error());
   if (!f.json) {
     std::fputc('\n', stdout);
@@ -160,6 +258,13 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
   j["tokens"] = out->tokens;
   j["text"] = out->text;
   j["finish_reason"] = out->finish_reason;
+  if (cached) {
+    j["cached_tokens"] = cached_out.cached_tokens;
+    nlohmann::json cache = {{"device_hit_tokens", 0}, {"host_hit_tokens", 0}, {"disk_hit_tokens", 0}};
+    for (size_t t = 0; t < cached_out.tier_names.size(); ++t)
+      cache[cached_out.tier_names[t] + "_hit_tokens"] = cached_out.tier_hit_tokens[t];
+    j["cache"] = cache;
+  }
   double n_gen = static_cast<double>(out->tokens.size());
   j["timings"] = {
       {"prefill_ms", out->prefill_seconds * 1e3},

@@ -5,10 +5,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "kvcache/kv_config.h"
+
 namespace strata::cli {
 
 void RegisterGenerate(CLI::App& app, int* exit_code);
 void RegisterModel(CLI::App& app, int* exit_code);
+void RegisterBench(CLI::App& app, int* exit_code);
 
 // Options shared by every command that runs the model.
 struct EngineFlags {
@@ -17,6 +20,10 @@ struct EngineFlags {
   std::string kv_dtype = "f16";
   int threads = 0;  // 0 = all hardware threads
   std::string chat_template;
+  // KV cache tiers as typed (--kv-device-bytes ...); ResolveEngineFlags
+  // merges them with the YAML kv.* keys into `kv`.
+  std::string kv_device_bytes, kv_host_bytes, kv_disk_path, kv_disk_bytes, kv_disk_admit_after, kv_load_policy;
+  kvcache::KvCacheConfig kv;
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f);
 // Applies the YAML config (if any) under the flags the user did not set.

@@ -1,4 +1,5 @@
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/config.h"
@@ -14,58 +15,74 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-dtype", f->kv_dtype, "KV cache element type")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}))
       ->capture_default_str();
+  cmd->add_option("--kv-device-bytes", f->kv_device_bytes,
+                  "device KV pool size, e.g. 64M (0 = sized for the context); any --kv-* tier flag runs "
+                  "generation through the KV cache");
+  cmd->add_option("--kv-host-bytes", f->kv_host_bytes, "host DRAM KV tier size, e.g. 512M (0 = off)");
+  cmd->add_option("--kv-disk-path", f->kv_disk_path, "directory of the disk KV tier (kept across runs)");
+  cmd->add_option("--kv-disk-bytes", f->kv_disk_bytes, "disk KV tier size, e.g. 4G (0 = off)");
+  cmd->add_option("--kv-disk-admit-after", f->kv_disk_admit_after,
+                  "hits a block needs before it is written to disk (0 = write every full block)");
+  cmd->add_option("--kv-load-policy", f->kv_load_policy,
+                  "auto: load cached blocks when cheaper than recomputing; always; never");
   cmd->add_option("--threads", f->threads, "compute threads (0 = all hardware threads)")->check(CLI::Range(0, 1024));
   cmd->add_option("--chat-template", f->chat_template,
                   "chat format: llama2, llama3, llama31, chatml, mistral, plain, ... (default: detect from the model)");
 }
 
 bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, std::string* error) {
-  if (f->config_path.empty()) return true;
-  auto cfg = Config::LoadFile(f->config_path);
-  if (!cfg) {
-    *error = cfg.error().message();
-    return false;
-  }
-  static const std::vector<std::string> kKnown = {"model.path", "model.chat_template", "engine.threads",
-                                                  "kv.block_size", "kv.dtype"};
-  if (Status s = cfg->CheckKnownKeys(kKnown); !s.ok()) {
-    *error = s.message();
-    return false;
-  }
   auto unset = [&](const char* flag) { return cmd->count(flag) == 0; };
   auto fail = [&](const Status& s) {
     *error = s.message();
     return false;
   };
-  if (model_path != nullptr && model_path->empty()) {
-    auto v = cfg->GetString("model.path", "");
-    if (!v) return fail(v.error());
-    *model_path = *v;
+  f->kv.block_size = f->kv_block_size;
+  f->kv.dtype = f->kv_dtype;
+  if (!f->config_path.empty()) {
+    auto cfg = Config::LoadFile(f->config_path);
+    if (!cfg) return fail(cfg.error());
+    std::vector<std::string> known = {"model.path", "model.chat_template", "engine.threads"};
+    for (const auto& k : kvcache::KvConfigKeys()) known.push_back(k);
+    if (Status s = cfg->CheckKnownKeys(known); !s.ok()) return fail(s);
+    if (model_path != nullptr && model_path->empty()) {
+      auto v = cfg->GetString("model.path", "");
+      if (!v) return fail(v.error());
+      *model_path = *v;
+    }
+    if (unset("--chat-template")) {
+      auto v = cfg->GetString("model.chat_template", f->chat_template);
+      if (!v) return fail(v.error());
+      f->chat_template = *v;
+    }
+    if (unset("--threads")) {
+      auto v = cfg->GetInt("engine.threads", f->threads);
+      if (!v) return fail(v.error());
+      if (*v < 0 || *v > 1024)
+        return fail(Status::InvalidArgument(f->config_path + ": engine.threads out of range [0, 1024]"));
+      f->threads = static_cast<int>(*v);
+    }
+    auto kv = kvcache::KvCacheConfigFromYaml(*cfg, f->kv);
+    if (!kv) return fail(kv.error());
+    f->kv = *kv;
   }
-  if (unset("--chat-template")) {
-    auto v = cfg->GetString("model.chat_template", f->chat_template);
-    if (!v) return fail(v.error());
-    f->chat_template = *v;
+  // Flags override the file.
+  const std::pair<const char*, const std::string*> text_flags[] = {
+      {"--kv-block-size", nullptr},
+      {"--kv-dtype", &f->kv_dtype},
+      {"--kv-device-bytes", &f->kv_device_bytes},
+      {"--kv-host-bytes", &f->kv_host_bytes},
+      {"--kv-disk-path", &f->kv_disk_path},
+      {"--kv-disk-bytes", &f->kv_disk_bytes},
+      {"--kv-disk-admit-after", &f->kv_disk_admit_after},
+      {"--kv-load-policy", &f->kv_load_policy},
+  };
+  for (const auto& [flag, value] : text_flags) {
+    if (unset(flag)) continue;
+    const std::string text = value != nullptr ? *value : std::to_string(f->kv_block_size);
+    if (Status s = kvcache::ApplyKvFlag(flag, text, &f->kv); !s.ok()) return fail(s);
   }
-  if (unset("--threads")) {
-    auto v = cfg->GetInt("engine.threads", f->threads);
-    if (!v) return fail(v.error());
-    if (*v < 0 || *v > 1024) return fail(Status::InvalidArgument(f->config_path + ": engine.threads out of range [0, 1024]"));
-    f->threads = static_cast<int>(*v);
-  }
-  if (unset("--kv-block-size")) {
-    auto v = cfg->GetInt("kv.block_size", f->kv_block_size);
-    if (!v) return fail(v.error());
-    if (*v < 1 || *v > 4096) return fail(Status::InvalidArgument(f->config_path + ": kv.block_size out of range [1, 4096]"));
-    f->kv_block_size = static_cast<int>(*v);
-  }
-  if (unset("--kv-dtype")) {
-    auto v = cfg->GetString("kv.dtype", f->kv_dtype);
-    if (!v) return fail(v.error());
-    if (*v != "f32" && *v != "f16" && *v != "bf16")
-      return fail(Status::InvalidArgument(f->config_path + ": kv.dtype must be f32, f16 or bf16, not '" + *v + "'"));
-    f->kv_dtype = *v;
-  }
+  f->kv_block_size = f->kv.block_size;
+  f->kv_dtype = f->kv.dtype;
   return true;
 }
 

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   strata::cli::RegisterGenerate(app, &exit_code);
   strata::cli::RegisterModel(app, &exit_code);
+  strata::cli::RegisterBench(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

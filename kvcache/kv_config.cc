@@ -1,0 +1,195 @@
+#include "kvcache/kv_config.h"
+
+#include <charconv>
+
+namespace strata::kvcache {
+
+namespace {
+
+Status Bad(std::string_view where, const std::string& what) {
+  return Status::InvalidArgument(std::string(where) + ": " + what);
+}
+
+Result<int64_t> ParseInt(std::string_view where, std::string_view text) {
+  int64_t v = 0;
+  const auto* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || p != end || text.empty())
+    return Bad(where, "expected an integer, got '" + std::string(text) + "'");
+  return v;
+}
+
+Status CheckBlockSize(std::string_view where, int64_t v) {
+  if (v < 1 || v > 4096) return Bad(where, "out of range [1, 4096]: " + std::to_string(v));
+  return Status::Ok();
+}
+
+Status CheckDtype(std::string_view where, std::string_view v) {
+  if (v != "f32" && v != "f16" && v != "bf16")
+    return Bad(where, "must be f32, f16 or bf16, not '" + std::string(v) + "'");
+  return Status::Ok();
+}
+
+Status CheckAdmitAfter(std::string_view where, int64_t v) {
+  if (v < 0 || v > 1000000) return Bad(where, "out of range [0, 1000000]: " + std::to_string(v));
+  return Status::Ok();
+}
+
+}  // namespace
+
+const std::vector<std::string>& KvConfigKeys() {
+  static const std::vector<std::string> keys = {
+      "kv.block_size", "kv.dtype",      "kv.device_bytes",     "kv.host_bytes",
+      "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy"};
+  return keys;
+}
+
+Result<LoadPolicy> ParseLoadPolicy(std::string_view text) {
+  if (text == "auto") return LoadPolicy::kAuto;
+  if (text == "always") return LoadPolicy::kAlways;
+  if (text == "never") return LoadPolicy::kNever;
+  return Status::InvalidArgument("must be auto, always or never, not '" + std::string(text) + "'");
+}
+
+std::string_view LoadPolicyName(LoadPolicy p) {
+  switch (p) {
+    case LoadPolicy::kAuto:
+      return "auto";
+    case LoadPolicy::kAlways:
+      return "always";
+    case LoadPolicy::kNever:
+      return "never";
+  }
+  return "auto";
+}
+
+Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConfig& base) {
+  KvCacheConfig c = base;
+  const std::string o = cfg.origin() + ": ";
+  auto named = [&](const Status& s, const std::string& key) {
+    // Config's own errors already name the key; ours add the file.
+    return Status::InvalidArgument(
+        s.message().find(key) != std::string::npos ? s.message() : o + key + ": " + s.message());
+  };
+  if (cfg.Has("kv.block_size")) {
+    auto v = cfg.GetInt("kv.block_size", c.block_size);
+    if (!v) return named(v.error(), "kv.block_size");
+    STRATA_RETURN_IF_ERROR(CheckBlockSize(o + "kv.block_size", *v));
+    c.block_size = static_cast<int>(*v);
+  }
+  if (cfg.Has("kv.dtype")) {
+    auto v = cfg.GetString("kv.dtype", c.dtype);
+    if (!v) return named(v.error(), "kv.dtype");
+    STRATA_RETURN_IF_ERROR(CheckDtype(o + "kv.dtype", *v));
+    c.dtype = *v;
+  }
+  struct SizeKey {
+    const char* key;
+    uint64_t* dst;
+  };
+  for (const SizeKey& k :
+       {SizeKey{"kv.device_bytes", &c.device_bytes}, SizeKey{"kv.host_bytes", &c.host_bytes},
+        SizeKey{"kv.disk_bytes", &c.disk_bytes}}) {
+    if (!cfg.Has(k.key)) continue;
+    auto v = cfg.GetBytes(k.key, *k.dst);
+    if (!v) return named(v.error(), k.key);
+    *k.dst = *v;
+    if (*v > 0) c.tiers_configured = true;
+  }
+  if (cfg.Has("kv.disk_path")) {
+    auto v = cfg.GetString("kv.disk_path", c.disk_path);
+    if (!v) return named(v.error(), "kv.disk_path");
+    c.disk_path = *v;
+    if (!v->empty()) c.tiers_configured = true;
+  }
+  if (cfg.Has("kv.disk_admit_after")) {
+    auto v = cfg.GetInt("kv.disk_admit_after", c.disk_admit_after);
+    if (!v) return named(v.error(), "kv.disk_admit_after");
+    STRATA_RETURN_IF_ERROR(CheckAdmitAfter(o + "kv.disk_admit_after", *v));
+    c.disk_admit_after = static_cast<uint32_t>(*v);
+  }
+  if (cfg.Has("kv.load_policy")) {
+    auto v = cfg.GetString("kv.load_policy", "auto");
+    if (!v) return named(v.error(), "kv.load_policy");
+    auto p = ParseLoadPolicy(*v);
+    if (!p) return Bad(o + "kv.load_policy", p.error().message());
+    c.load_policy = *p;
+  }
+  return c;
+}
+
+Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig* c) {
+  const std::string text(value);
+  auto size = [&](uint64_t* dst) -> Status {
+    auto v = ParseByteSize(text);
+    if (!v) return Bad(flag, "expected a size like 512K, 64M or 4G, got '" + text + "'");
+    *dst = *v;
+    c->tiers_configured = true;
+    return Status::Ok();
+  };
+  if (flag == "--kv-block-size") {
+    STRATA_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, value));
+    STRATA_RETURN_IF_ERROR(CheckBlockSize(flag, v));
+    c->block_size = static_cast<int>(v);
+    return Status::Ok();
+  }
+  if (flag == "--kv-dtype") {
+    STRATA_RETURN_IF_ERROR(CheckDtype(flag, value));
+    c->dtype = text;
+    return Status::Ok();
+  }
+  if (flag == "--kv-device-bytes") return size(&c->device_bytes);
+  if (flag == "--kv-host-bytes") return size(&c->host_bytes);
+  if (flag == "--kv-disk-bytes") return size(&c->disk_bytes);
+  if (flag == "--kv-disk-path") {
+    c->disk_path = text;
+    c->tiers_configured = true;
+    return Status::Ok();
+  }
+  if (flag == "--kv-disk-admit-after") {
+    STRATA_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, value));
+    STRATA_RETURN_IF_ERROR(CheckAdmitAfter(flag, v));
+    c->disk_admit_after = static_cast<uint32_t>(v);
+    c->tiers_configured = true;
+    return Status::Ok();
+  }
+  if (flag == "--kv-load-policy") {
+    auto p = ParseLoadPolicy(value);
+    if (!p) return Bad(flag, p.error().message());
+    c->load_policy = *p;
+    c->tiers_configured = true;
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("unknown kv flag " + std::string(flag));
+}
+
+Status ValidateKvCacheConfig(const KvCacheConfig& c, uint64_t effective_device_bytes,
+                             std::vector<std::string>* warnings) {
+  STRATA_RETURN_IF_ERROR(CheckBlockSize("kv.block_size (--kv-block-size)", c.block_size));
+  STRATA_RETURN_IF_ERROR(CheckDtype("kv.dtype (--kv-dtype)", c.dtype));
+  if (!c.disk_path.empty() && c.disk_bytes == 0)
+    return Status::InvalidArgument(
+        "kv.disk_path (--kv-disk-path) is set but kv.disk_bytes (--kv-disk-bytes) is 0: give the "
+        "disk tier a size");
+  if (c.disk_path.empty() && c.disk_bytes > 0)
+    return Status::InvalidArgument(
+        "kv.disk_bytes (--kv-disk-bytes) is set but kv.disk_path (--kv-disk-path) is empty: give "
+        "the disk tier a "
+        "directory");
+  const uint64_t device = c.device_bytes > 0 ? c.device_bytes : effective_device_bytes;
+  if (warnings != nullptr) {
+    if (c.host_enabled() && device > 0 && c.host_bytes < device)
+      warnings->push_back("kv.host_bytes (--kv-host-bytes) " + std::to_string(c.host_bytes) +
+                          " is smaller than the device tier's " + std::to_string(device) +
+                          " bytes: the host tier will churn");
+    const uint64_t above = c.host_enabled() ? c.host_bytes : device;
+    const char* above_name = c.host_enabled() ? "host" : "device";
+    if (c.disk_enabled() && above > 0 && c.disk_bytes < above)
+      warnings->push_back("kv.disk_bytes (--kv-disk-bytes) " + std::to_string(c.disk_bytes) +
+                          " is smaller than the " + above_name + " tier's " +
+                          std::to_string(above) + " bytes: the disk tier will churn");
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::kvcache

@@ -1,0 +1,59 @@
+#pragma once
+// KV cache configuration as operators give it: the kv.* keys of the YAML file
+// (configs/strata.yaml documents them) and the --kv-* flags, which override
+// the file. Sizes take binary suffixes (512K, 64M, 4G = GiB); 0 disables a
+// tier. Errors name the key or flag they come from.
+//
+// Thread-safety: plain values and pure functions.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "kvcache/kv_manager.h"
+
+namespace strata::kvcache {
+
+struct KvCacheConfig {
+  int block_size = 16;        // kv.block_size       --kv-block-size
+  std::string dtype = "f16";  // kv.dtype            --kv-dtype (f32 | f16 | bf16)
+  uint64_t device_bytes = 0;  // kv.device_bytes     --kv-device-bytes (0 = sized for the context)
+  uint64_t host_bytes = 0;    // kv.host_bytes       --kv-host-bytes (0 = no host tier)
+  std::string disk_path;      // kv.disk_path        --kv-disk-path (empty = no disk tier)
+  uint64_t disk_bytes = 0;    // kv.disk_bytes       --kv-disk-bytes (0 = no disk tier)
+  uint32_t disk_admit_after = 0;               // kv.disk_admit_after --kv-disk-admit-after
+  LoadPolicy load_policy = LoadPolicy::kAuto;  // kv.load_policy --kv-load-policy
+  // The caller runs through KvManager (not a plain block table) when true:
+  // set by any tier flag given (sizes, disk path, admission, load policy,
+  // even "0"), and by a YAML tier size > 0 or a non-empty kv.disk_path (the
+  // documented defaults in configs/strata.yaml leave it false).
+  bool tiers_configured = false;
+
+  bool host_enabled() const { return host_bytes > 0; }
+  bool disk_enabled() const { return !disk_path.empty() && disk_bytes > 0; }
+};
+
+// The kv.* keys understood here (for Config::CheckKnownKeys).
+const std::vector<std::string>& KvConfigKeys();
+
+// Overlays the kv.* keys present in `cfg` on `base`. Errors name the key.
+Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConfig& base);
+
+// Applies one flag given as text, e.g. ("--kv-host-bytes", "512M"). Errors
+// name the flag; an unknown flag is InvalidArgument.
+Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig* config);
+
+Result<LoadPolicy> ParseLoadPolicy(std::string_view text);
+std::string_view LoadPolicyName(LoadPolicy p);
+
+// Checks ranges and combinations (a disk path without a size and the
+// reverse; block size 1..4096; dtype). Appends warnings (a lower tier smaller
+// than the one above it, which makes it churn) to `warnings`.
+// `effective_device_bytes`: the device pool's size when device_bytes is 0.
+Status ValidateKvCacheConfig(const KvCacheConfig& config, uint64_t effective_device_bytes,
+                             std::vector<std::string>* warnings);
+
+}  // namespace strata::kvcache

@@ -1,0 +1,116 @@
+// `strata generate` through the KV cache tiers: a prefix written to the disk
+// tier by one process is loaded by the next (disk hits counted, tokens equal
+// a run without cache); a different block size never hits; kv flags are
+// validated with messages that name them.
+//
+// Block size: DiskStore needs blocks of >= 4096 bytes. stories260K with f32 KV
+// and --kv-block-size 4 has 5 layers x 2 x 4 tokens x 32 x 4 B = 5120 B blocks
+// (block size 8: 10240 B), so both runs below satisfy it.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/run_command.h"
+#include "tests/support/test_env.h"
+
+namespace strata {
+namespace {
+
+using testing::RunCommand;
+using testing::ShellQuote;
+using testing::StrataCli;
+
+const char* kPromptA = "Once upon a time, there was a little girl named Lily.";
+const char* kPromptB =
+    "Once upon a time, there was a little girl named Lily. She had a big red ball";
+
+std::string Gen(const std::string& prompt, const std::string& extra) {
+  return ShellQuote(StrataCli()) + " generate --model " + ShellQuote(testing::Stories260KPath()) +
+         " --prompt " + ShellQuote(prompt) +
+         " --max-tokens 16 --temperature 0 --kv-dtype f32 --json --log-level warn " + extra;
+}
+
+nlohmann::json RunJson(const std::string& cmd) {
+  auto r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
+  if (r.exit_code != 0) return nlohmann::json::object();
+  return nlohmann::json::parse(r.out);
+}
+
+TEST(KvCli, DiskPrefixFromAnEarlierProcessMatchesAColdRun) {
+  const std::string dir = testing::MakeTempDir("strata-kv-cli-") + "/kv";
+  const std::string disk = "--kv-block-size 4 --kv-disk-path " + ShellQuote(dir) +
+                           " --kv-disk-bytes 64M --kv-disk-admit-after 0";
+  auto cold = RunJson(Gen(kPromptB, "--kv-block-size 4"));
+  ASSERT_TRUE(cold.contains("tokens"));
+  EXPECT_FALSE(cold.contains("cached_tokens"));  // no tier flag: the plain path
+
+  auto first = RunJson(Gen(kPromptA, disk));
+  ASSERT_TRUE(first.contains("cache")) << first.dump();
+  EXPECT_EQ(first["cached_tokens"], 0);
+  EXPECT_EQ(first["cache"]["disk_hit_tokens"], 0);
+
+  auto second = RunJson(Gen(kPromptB, disk));  // a new process: only the disk tier can hit
+  ASSERT_TRUE(second.contains("cache")) << second.dump();
+  EXPECT_GT(second["cache"]["disk_hit_tokens"].get<int>(), 0) << second.dump();
+  EXPECT_EQ(second["cache"]["device_hit_tokens"], 0);
+  EXPECT_EQ(second["cache"]["host_hit_tokens"], 0);
+  EXPECT_EQ(second["cached_tokens"], second["cache"]["disk_hit_tokens"]);
+  EXPECT_EQ(second["prompt_tokens"], cold["prompt_tokens"]);
+  EXPECT_EQ(second["tokens"], cold["tokens"]);
+
+  // Same directory, another block size: another namespace (and geometry), no hits.
+  auto other = RunJson(Gen(kPromptB, "--kv-block-size 8 --kv-disk-path " + ShellQuote(dir) +
+                                         " --kv-disk-bytes 64M --kv-disk-admit-after 0"));
+  ASSERT_TRUE(other.contains("cache")) << other.dump();
+  EXPECT_EQ(other["cached_tokens"], 0);
+  EXPECT_EQ(other["cache"]["disk_hit_tokens"], 0);
+  EXPECT_EQ(other["tokens"], cold["tokens"]);
+}
+
+TEST(KvCli, HostTierWithinOneProcessHasNoHitsButSameTokens) {
+  auto cold = RunJson(Gen(kPromptB, "--kv-block-size 4"));
+  auto host =
+      RunJson(Gen(kPromptB, "--kv-block-size 4 --kv-host-bytes 1M --kv-load-policy always"));
+  ASSERT_TRUE(host.contains("cache")) << host.dump();
+  EXPECT_EQ(host["cached_tokens"], 0);
+  EXPECT_EQ(host["tokens"], cold["tokens"]);
+}
+
+TEST(KvCli, BadKvFlagsAreClearErrors) {
+  struct Case {
+    std::string flags, needle;
+  };
+  const std::string dir = testing::MakeTempDir("strata-kv-cli-");
+  for (const Case& c :
+       {Case{"--kv-host-bytes 12Q", "--kv-host-bytes"},
+        Case{"--kv-load-policy sometimes", "--kv-load-policy"},
+        Case{"--kv-disk-path " + ShellQuote(dir), "kv.disk_bytes"},
+        Case{"--kv-device-bytes 4K", "--kv-device-bytes"},
+        // f32, block size 2: 2560-byte blocks, below DiskStore's 4096.
+        Case{"--kv-block-size 2 --kv-disk-path " + ShellQuote(dir) + " --kv-disk-bytes 1M",
+             "4096"}}) {
+    auto r = RunCommand(Gen(kPromptA, c.flags));
+    EXPECT_NE(r.exit_code, 0) << c.flags;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.flags << ": " << r.err;
+  }
+}
+
+TEST(KvCli, YamlKeysTurnTheCacheOn) {
+  const std::string dir = testing::MakeTempDir("strata-kv-cli-");
+  const std::string yaml = dir + "/strata.yaml";
+  FILE* f = std::fopen(yaml.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fprintf(f, "kv:\n  block_size: 4\n  dtype: f32\n  host_bytes: 1M\n  load_policy: always\n");
+  std::fclose(f);
+  auto j = RunJson(Gen(kPromptA, "--config " + ShellQuote(yaml)));
+  ASSERT_TRUE(j.contains("cache")) << j.dump();
+  auto bad =
+      RunCommand(Gen(kPromptA, "--config " + ShellQuote(yaml) + " --kv-disk-admit-after -3"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--kv-disk-admit-after"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace strata

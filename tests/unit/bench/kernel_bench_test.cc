@@ -1,0 +1,155 @@
+// The cost formulas of `strata bench kernels` against a hand calculation, and
+// the benchmark run's shape and checks on a small synthetic model.
+
+#include "bench/kernel_bench.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/machine_limits.h"
+#include "model/synth.h"
+
+namespace strata::bench {
+namespace {
+
+// dim 64, 2 layers, 4 heads (head_dim 16), 2 KV heads, ffn 128, vocab 100.
+ModelConfig SmallConfig() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.name = "bench-test";
+  c.dim = 64;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.ffn_dim = 128;
+  c.vocab_size = 100;
+  c.context_length = 64;
+  return c;
+}
+
+ModelWeights SmallWeights() {
+  SynthOptions o;
+  o.dtype = DType::kF32;
+  auto w = MakeSyntheticWeights(SmallConfig(), o);
+  EXPECT_TRUE(w.ok()) << w.error().message();
+  return std::move(w).value();
+}
+
+TEST(KernelBenchCost, MatchesHandCalculation) {
+  ModelWeights w = SmallWeights();
+  ModelCost c = ComputeModelCost(w, DType::kF32);
+  // Per layer: 2 norms (64 each) + wq 64x64 + wk, wv 64x32 + wo 64x64 +
+  // gate, up, down 64x128 = 128 + 4096 + 4096 + 4096 + 24576 = 36992.
+  // Two layers + output norm (64) = 74048.
+  EXPECT_EQ(c.body_params, 74048);
+  EXPECT_EQ(c.body_bytes, 74048 * 4);
+  EXPECT_EQ(c.head_params, 6400);  // 64 x 100
+  EXPECT_EQ(c.head_bytes, 25600);
+  EXPECT_EQ(c.embedding_params, 6400);
+  EXPECT_EQ(c.embedding_row_bytes, 256);  // 64 f32
+  EXPECT_EQ(c.params_excluding_embedding(), 80448);
+  EXPECT_EQ(c.kv_bytes_per_token, 512);  // 2 layers x (K, V) x 32 x 4 bytes
+  EXPECT_EQ(ComputeModelCost(w, DType::kF16).kv_bytes_per_token, 256);
+
+  // Decode, context 16, batch 2, f32 KV:
+  // bytes = 296192 + 25600 + 2 x 256 + 16 x 512 x 2 = 338688.
+  EXPECT_DOUBLE_EQ(DecodeStepBytes(c, 2, 16), 338688.0);
+  // flops = 2 x 80448 x 2 + 4 x 2 x 4 x 16 x 16 x 2 = 321792 + 16384.
+  EXPECT_DOUBLE_EQ(DecodeStepFlops(c, 2, 16), 338176.0);
+  // Prefill of 16: 2 x 74048 x 16 + 2 x 2 x 4 x 16 x 16^2 + 2 x 6400.
+  EXPECT_DOUBLE_EQ(PrefillFlops(c, 16), 2369536.0 + 65536.0 + 12800.0);
+
+  MachineLimits limits;
+  limits.read_bandwidth_gbs = 10;  // bytes bound: 338688 / 1e10
+  limits.fma_peak_gflops = 100;
+  EXPECT_DOUBLE_EQ(RooflineSeconds(338688.0, 338176.0, limits), 338688.0 / 1e10);
+  limits.fma_peak_gflops = 0.01;  // flops bound: 338176 / 1e7
+  EXPECT_DOUBLE_EQ(RooflineSeconds(338688.0, 338176.0, limits), 338176.0 / 1e7);
+}
+
+TEST(KernelBenchCost, TiedHeadCountsTheEmbeddingTableAsHead) {
+  ModelWeights w = SmallWeights();
+  w.output = Tensor{};  // as a tied model loads: no separate output tensor
+  ModelCost c = ComputeModelCost(w, DType::kF32);
+  EXPECT_EQ(c.head_params, 6400);
+  EXPECT_EQ(c.head_bytes, 25600);
+}
+
+TEST(KernelBench, RunsEveryFigureWithTheFormulas) {
+  ModelWeights w = SmallWeights();
+  ThreadPool pool(2);
+  MachineLimits limits;
+  limits.read_bandwidth_gbs = 20;
+  limits.fma_peak_gflops = 200;
+  limits.threads = 2;
+  KernelBenchOptions o;
+  o.context = 16;
+  o.batches = {1, 3};
+  o.prefill = 8;
+  o.iterations = 2;
+  o.kv_dtype = DType::kF16;
+  auto r = RunKernelBench(w, o, limits, &pool);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  ASSERT_EQ(r->decode.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const DecodeResult& d = r->decode[i];
+    EXPECT_EQ(d.batch, o.batches[i]);
+    EXPECT_EQ(d.context, 16);
+    EXPECT_GT(d.tokens_per_s, 0);
+    EXPECT_DOUBLE_EQ(d.bytes_per_step, DecodeStepBytes(r->cost, d.batch, 16));
+    EXPECT_DOUBLE_EQ(d.flops_per_step, DecodeStepFlops(r->cost, d.batch, 16));
+    EXPECT_DOUBLE_EQ(d.share_of_roofline,
+                     RooflineSeconds(d.bytes_per_step, d.flops_per_step, limits) / d.step_seconds);
+    EXPECT_GT(d.share_of_roofline, 0);
+  }
+  EXPECT_EQ(r->prefill.tokens, 8);
+  EXPECT_GT(r->prefill.tokens_per_s, 0);
+  EXPECT_DOUBLE_EQ(r->prefill.flops, PrefillFlops(r->cost, 8));
+  EXPECT_GT(r->prefill.share_of_fma_peak, 0);
+  EXPECT_EQ(r->weight_type, "f32");
+  EXPECT_EQ(r->kv_type, "f16");
+
+  nlohmann::json j = nlohmann::json::parse(ReportJson(*r));
+  EXPECT_EQ(j["limits"]["threads"], 2);
+  EXPECT_EQ(j["decode"].size(), 2u);
+  EXPECT_EQ(j["decode"][1]["batch"], 3);
+  EXPECT_EQ(j["prefill"]["tokens"], 8);
+  EXPECT_FALSE(ReportTable(*r).empty());
+}
+
+TEST(KernelBench, RejectsShapesPastTheContext) {
+  ModelWeights w = SmallWeights();
+  ThreadPool pool(1);
+  MachineLimits limits;
+  KernelBenchOptions o;
+  o.context = 64;  // + the decoded token = 65 > 64
+  o.batches = {1};
+  o.prefill = 8;
+  auto r = RunKernelBench(w, o, limits, &pool);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+  o.context = 8;
+  o.batches = {0};
+  EXPECT_EQ(RunKernelBench(w, o, limits, &pool).error().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MachineLimits, MeasuresPositiveLimitsWithThePoolsThreads) {
+  ThreadPool pool(2);
+  LimitsOptions o;
+  o.buffer_bytes = size_t{8} << 20;
+  o.passes = 1;
+  o.fma_seconds = 0.01;
+  auto l = MeasureMachineLimits(&pool, o);
+  ASSERT_TRUE(l.ok()) << l.error().message();
+  EXPECT_EQ(l->threads, 2);
+  EXPECT_GT(l->read_bandwidth_gbs, 0);
+  EXPECT_GT(l->fma_peak_gflops, 0);
+  EXPECT_FALSE(l->simd.empty());
+  o.buffer_bytes = 1024;
+  EXPECT_EQ(MeasureMachineLimits(&pool, o).error().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::bench
