@@ -14,6 +14,7 @@
 #include <random>
 
 #include "common/sha256.h"
+#include "tests/support/block_data.h"
 
 namespace strata::kvcache {
 namespace {
@@ -58,15 +59,7 @@ Sha256Digest Ns(uint8_t tag) {
   return d;
 }
 
-std::vector<uint8_t> BlockOf(uint64_t i, size_t bytes) {
-  std::vector<uint8_t> v(bytes);
-  std::mt19937_64 rng(i * 7919 + 1);
-  for (size_t k = 0; k < bytes; k += 8) {
-    uint64_t x = rng();
-    std::memcpy(v.data() + k, &x, std::min<size_t>(8, bytes - k));
-  }
-  return v;
-}
+using testing::BlockOf;
 
 DiskStoreOptions Opts(const std::string& dir, uint64_t block, uint64_t slots) {
   DiskStoreOptions o;
