@@ -49,3 +49,9 @@ if(STRATA_WITH_RDMA)
     message(STATUS "strata: libibverbs not found, RDMA transport off")
   endif()
 endif()
+
+# Serving: Boost.Beast (header-only Asio), prometheus-cpp, gRPC + protobuf.
+find_package(Boost REQUIRED)
+find_package(prometheus-cpp CONFIG REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)

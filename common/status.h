@@ -26,6 +26,8 @@ enum class StatusCode {
   kOutOfRange,        // an index or length past the end of something
   kInternal,          // a broken invariant inside Strata
   kUnavailable,       // a peer or device that is not there
+  kCancelled,         // the caller (a client) gave up on the operation
+  kDeadlineExceeded,  // the operation's deadline passed
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -44,6 +46,8 @@ class [[nodiscard]] Status {
   static Status OutOfRange(std::string msg) { return {StatusCode::kOutOfRange, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
   static Status Unavailable(std::string msg) { return {StatusCode::kUnavailable, std::move(msg)}; }
+  static Status Cancelled(std::string msg) { return {StatusCode::kCancelled, std::move(msg)}; }
+  static Status DeadlineExceeded(std::string msg) { return {StatusCode::kDeadlineExceeded, std::move(msg)}; }
   // An OS error: "<what> '<path>': <strerror(errno)>".
   static Status IoError(std::string_view what, std::string_view path, int err);
 

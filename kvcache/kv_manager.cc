@@ -393,6 +393,23 @@ std::string_view KvManager::tier_name(int tier) const {
   return lowers_[static_cast<size_t>(tier - 1)].store->name();
 }
 
+Result<FlushResult> KvManager::Flush(bool device, const std::vector<bool>& lower_tiers, bool all_namespaces) {
+  FlushResult out;
+  out.lower_blocks.assign(lowers_.size(), 0);
+  if (device) out.device_blocks = static_cast<uint64_t>(pool_.EvictAllCached());
+  for (size_t t = 0; t < lowers_.size() && t < lower_tiers.size(); ++t) {
+    if (!lower_tiers[t]) continue;
+    BlockStore* store = lowers_[t].store;
+    const uint64_t before = store->stats().blocks;
+    Status s = store->Flush(all_namespaces ? nullptr : &options_.ns);
+    const uint64_t after = store->stats().blocks;
+    out.lower_blocks[t] = before > after ? before - after : 0;
+    if (!s.ok()) return s.WithContext("kv manager: flush of " + std::string(store->name()));
+    STRATA_LOG_INFO("kv manager: flushed {} blocks from {}", out.lower_blocks[t], store->name());
+  }
+  return out;
+}
+
 KvManagerStats KvManager::stats() const {
   KvManagerStats s = stats_;
   s.device_pool = pool_.stats();

@@ -147,6 +147,13 @@ struct KvManagerStats {
   std::vector<LowerTierStats> tiers;  // per lower tier, in chain order
 };
 
+// What Flush() removed. `lower_blocks` is per lower tier, in chain order
+// (blocks the tier held before minus after; 0 for tiers not flushed).
+struct FlushResult {
+  uint64_t device_blocks = 0;
+  std::vector<uint64_t> lower_blocks;
+};
+
 class KvManager {
  public:
   // `lowers` (may be empty: device only; no null stores) and `clock` must
@@ -196,6 +203,9 @@ class KvManager {
   // "device" for kDeviceTier, else the lower tier's store name.
   std::string_view tier_name(int tier) const;
   size_t num_lower_tiers() const { return lowers_.size(); }
+  // Lower tier i's store (for usage figures; its stats() is safe to read
+  // from the engine thread).
+  const BlockStore& lower_store(size_t i) const { return *lowers_[i].store; }
 
   // `tokens`: every token whose KV is now in the request's blocks (prompt
   // prefix, then generated ones), in order. REQUIRES: IsReady(id), tokens
@@ -209,6 +219,18 @@ class KvManager {
 
   // Handles finished lower-tier operations. Never blocks. Returns how many.
   size_t Poll();
+
+  // Operator flush (`strata cache flush`). `device`: every cached device
+  // block (unreferenced, hashed) leaves the prefix index and becomes free;
+  // blocks in use by requests keep their hashes, contents and references, so
+  // running requests go on (and Commit/Free) unaffected. `lower_tiers[i]`
+  // (missing entries = false): lower tier i drops its blocks of this
+  // manager's namespace (every namespace when `all_namespaces`) through
+  // BlockStore::Flush. Writes still in flight to a flushed tier may land
+  // afterwards (a disk store cancels its own); nothing already loaded is
+  // touched. On a store error the tiers before it are flushed, the error is
+  // returned, and the rest are not.
+  Result<FlushResult> Flush(bool device, const std::vector<bool>& lower_tiers, bool all_namespaces = false);
 
   KvManagerStats stats() const;
   size_t num_requests() const { return requests_.size(); }

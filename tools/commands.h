@@ -5,6 +5,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+#include <vector>
+
 #include "kvcache/kv_config.h"
 
 namespace strata::cli {
@@ -12,6 +15,8 @@ namespace strata::cli {
 void RegisterGenerate(CLI::App& app, int* exit_code);
 void RegisterModel(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
+void RegisterServe(CLI::App& app, int* exit_code);
+void RegisterCache(CLI::App& app, int* exit_code);
 
 // Options shared by every command that runs the model.
 struct EngineFlags {
@@ -24,6 +29,8 @@ struct EngineFlags {
   // merges them with the YAML kv.* keys into `kv`.
   std::string kv_device_bytes, kv_host_bytes, kv_disk_path, kv_disk_bytes, kv_disk_admit_after, kv_load_policy;
   kvcache::KvCacheConfig kv;
+  // Further YAML keys the command reads itself (accepted by the key check).
+  std::vector<std::string> extra_config_keys;
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f);
 // Applies the YAML config (if any) under the flags the user did not set.

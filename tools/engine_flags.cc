@@ -43,6 +43,7 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
     if (!cfg) return fail(cfg.error());
     std::vector<std::string> known = {"model.path", "model.chat_template", "engine.threads"};
     for (const auto& k : kvcache::KvConfigKeys()) known.push_back(k);
+    for (const auto& k : f->extra_config_keys) known.push_back(k);
     if (Status s = cfg->CheckKnownKeys(known); !s.ok()) return fail(s);
     if (model_path != nullptr && model_path->empty()) {
       auto v = cfg->GetString("model.path", "");

@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   strata::cli::RegisterGenerate(app, &exit_code);
   strata::cli::RegisterModel(app, &exit_code);
   strata::cli::RegisterBench(app, &exit_code);
+  strata::cli::RegisterServe(app, &exit_code);
+  strata::cli::RegisterCache(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,525 @@
+#include "scheduler/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/logging.h"
+
+namespace strata::scheduler {
+
+struct Engine::Sequence {
+  Sequence(RequestId id_, EngineRequest r, OutputSink s, uint64_t order_, int vocab, const Tokenizer& tok)
+      : id(id_),
+        req(std::move(r)),
+        sink(std::move(s)),
+        order(order_),
+        sampler(req.sampling, vocab),
+        decoder(tok, /*skip_special=*/true),
+        stop(req.stop) {
+    tokens = req.prompt;
+    prompt_len = static_cast<int32_t>(req.prompt.size());
+    sampler.AcceptPrompt(req.prompt);
+    want_logprobs = req.sampling.logprobs || req.sampling.top_logprobs > 0;
+  }
+
+  int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
+
+  RequestId id;
+  EngineRequest req;
+  OutputSink sink;
+  uint64_t order;                // arrival order (ties within a priority)
+  std::vector<int32_t> tokens;   // prompt, then generated
+  int32_t prompt_len = 0;
+  int32_t num_computed = 0;      // leading positions with KV
+  int32_t generated = 0;
+  bool in_kv = false;            // tracked by the KV manager (admitted)
+  bool loading = false;          // waiting for tier loads
+  bool ever_admitted = false;
+  bool want_logprobs = false;
+  Sampler sampler;
+  StreamDecoder decoder;
+  StopMatcher stop;
+  // Deltas for the next event.
+  std::vector<int32_t> new_tokens;
+  std::string new_text;
+  std::vector<SampleResult> new_logprobs;
+  bool cache_known = false;      // cached_tokens set (first admission)
+  int32_t cached_tokens = 0;
+  std::vector<int32_t> cached_by_tier;
+  int32_t preemptions = 0;
+  RequestTimings timings;
+};
+
+namespace {
+
+bool Before(int pa, uint64_t oa, int pb, uint64_t ob) { return pa != pb ? pa < pb : oa < ob; }
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, StepRunner* runner,
+                                               kvcache::KvManager* kv, const Tokenizer* tokenizer,
+                                               kvcache::Clock* clock) {
+  if (runner == nullptr || kv == nullptr || tokenizer == nullptr || clock == nullptr)
+    return Status::InvalidArgument("engine: runner, kv manager, tokenizer and clock are required");
+  if (options.max_batch_tokens < 1) return Status::InvalidArgument("engine: max_batch_tokens must be >= 1");
+  if (options.max_running < 1) return Status::InvalidArgument("engine: max_running must be >= 1");
+  if (options.max_waiting < 0) return Status::InvalidArgument("engine: max_waiting must be >= 0");
+  return std::unique_ptr<Engine>(new Engine(options, runner, kv, tokenizer, clock));
+}
+
+Engine::Engine(const EngineOptions& options, StepRunner* runner, kvcache::KvManager* kv, const Tokenizer* tokenizer,
+               kvcache::Clock* clock)
+    : options_(options), runner_(runner), kv_(kv), tokenizer_(tokenizer), clock_(clock) {
+  for (size_t t = 0; t <= kv_->num_lower_tiers(); ++t) tier_names_.emplace_back(kv_->tier_name(static_cast<int>(t)));
+  RefreshStats();
+}
+
+Engine::~Engine() { Stop(0); }
+
+Result<RequestId> Engine::Submit(EngineRequest request, OutputSink sink) {
+  const int ctx = runner_->context_length();
+  const int vocab = runner_->vocab_size();
+  const int prompt = static_cast<int>(request.prompt.size());
+  if (prompt == 0) return Status::InvalidArgument("the prompt is empty (no tokens)");
+  for (int32_t t : request.prompt)
+    if (t < 0 || t >= vocab)
+      return Status::InvalidArgument("prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                     std::to_string(vocab) + ")");
+  if (request.max_tokens < 1) return Status::InvalidArgument("max_tokens must be at least 1");
+  if (prompt + request.max_tokens > ctx)
+    return Status::InvalidArgument("the prompt has " + std::to_string(prompt) + " tokens and max_tokens is " +
+                                   std::to_string(request.max_tokens) + ": together " +
+                                   std::to_string(prompt + request.max_tokens) + " exceed the model's context of " +
+                                   std::to_string(ctx) + " tokens");
+  // A sequence that could never fit in the device pool would wait forever.
+  const int64_t bs = kv_->options().block_size;
+  const int64_t need = (prompt + request.max_tokens - 1 + bs - 1) / bs;
+  if (need > kv_->options().num_device_blocks)
+    return Status::InvalidArgument("the request needs " + std::to_string(need) + " KV blocks (" +
+                                   std::to_string(prompt) + " prompt + " + std::to_string(request.max_tokens) +
+                                   " max tokens), more than the device pool's " +
+                                   std::to_string(kv_->options().num_device_blocks));
+  STRATA_RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, vocab));
+  if (!sink) return Status::InvalidArgument("engine: a request needs an output sink");
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_ || draining_)
+    return Status::Unavailable(stopping_ ? "the server is shutting down" : "the server is draining (shutting down)");
+  if (queued_ >= options_.max_waiting) {
+    ++rejected_;
+    return Status::ResourceExhausted("the waiting queue is full (" + std::to_string(options_.max_waiting) +
+                                     " requests); retry later");
+  }
+  RequestId id(next_id_++);
+  inbox_.push_back(Pending{id, std::move(request), std::move(sink), clock_->NowNanos()});
+  ++queued_;
+  ++unfinished_;
+  wake_.notify_one();
+  return id;
+}
+
+void Engine::Cancel(RequestId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(id);
+  wake_.notify_one();
+}
+
+void Engine::Post(std::function<void(kvcache::KvManager&)> task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tasks_.push_back(std::move(task));
+  wake_.notify_one();
+}
+
+void Engine::BeginDrain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+  stats_.draining = true;
+}
+
+int Engine::num_unfinished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return unfinished_;
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s = stats_;
+  s.rejected_queue_full = rejected_;
+  s.draining = draining_;
+  return s;
+}
+
+
+void Engine::AddWaiting(Sequence* s) {
+  auto pos = std::upper_bound(waiting_.begin(), waiting_.end(), s, [](const Sequence* a, const Sequence* b) {
+    return Before(a->req.priority, a->order, b->req.priority, b->order);
+  });
+  waiting_.insert(pos, s);
+}
+
+void Engine::RemoveWaiting(Sequence* s) {
+  auto it = std::find(waiting_.begin(), waiting_.end(), s);
+  if (it == waiting_.end()) return;
+  waiting_.erase(it);
+  std::lock_guard<std::mutex> lock(mu_);
+  --queued_;
+}
+
+void Engine::TakeInbox() {
+  std::vector<Pending> inbox;
+  std::vector<RequestId> cancels;
+  std::vector<std::function<void(kvcache::KvManager&)>> tasks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox.swap(inbox_);
+    cancels.swap(cancels_);
+    tasks.swap(tasks_);
+  }
+  for (auto& task : tasks) task(*kv_);
+  const int vocab = runner_->vocab_size();
+  for (Pending& p : inbox) {
+    auto seq = std::make_unique<Sequence>(p.id, std::move(p.request), std::move(p.sink), p.id.value(), vocab,
+                                          *tokenizer_);
+    seq->timings.arrival = p.arrival;
+    Sequence* s = seq.get();
+    seqs_.emplace(p.id.value(), std::move(seq));
+    AddWaiting(s);  // already counted in queued_ by Submit
+  }
+  for (RequestId id : cancels) {
+    auto it = seqs_.find(id.value());
+    if (it == seqs_.end()) continue;
+    Finish(*it->second, "abort", Status::Cancelled("request cancelled"));
+  }
+  const int64_t now = clock_->NowNanos();
+  std::vector<Sequence*> late;
+  for (auto& [_, s] : seqs_)
+    if (s->req.deadline_nanos > 0 && now >= s->req.deadline_nanos) late.push_back(s.get());
+  for (Sequence* s : late) Finish(*s, "abort", Status::DeadlineExceeded("the request's deadline passed"));
+}
+
+void Engine::Emit(Sequence& s, bool finished, const std::string& reason, const Status& status) {
+  RequestOutput out;
+  out.id = s.id;
+  out.token_ids.swap(s.new_tokens);
+  out.text.swap(s.new_text);
+  out.logprobs.swap(s.new_logprobs);
+  out.finished = finished;
+  out.finish_reason = reason;
+  out.status = status;
+  out.prompt_tokens = s.prompt_len;
+  out.completion_tokens = s.generated;
+  out.cached_tokens = s.cached_tokens;
+  out.cached_tokens_by_tier = s.cached_by_tier;
+  out.preemptions = s.preemptions;
+  out.timings = s.timings;
+  s.sink(std::move(out));
+}
+
+void Engine::Finish(Sequence& s, const std::string& reason, Status status) {
+  if (s.in_kv) kv_->Free(s.id);
+  s.in_kv = false;
+  s.loading = false;
+  RemoveWaiting(&s);
+  running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
+  if ((reason == "stop" || reason == "length") && !s.stop.stopped()) {
+    s.new_text += s.stop.Push(s.decoder.Flush());
+    s.new_text += s.stop.Flush();
+  }
+  s.timings.finished = clock_->NowNanos();
+  if (s.timings.first_token > 0)
+    s.timings.decode_seconds = static_cast<double>(s.timings.finished - s.timings.first_token) * 1e-9;
+  ++finished_by_reason_[reason];
+  Emit(s, /*finished=*/true, reason, status);
+  seqs_.erase(s.id.value());  // destroys s
+  std::lock_guard<std::mutex> lock(mu_);
+  --unfinished_;
+}
+
+void Engine::Preempt(Sequence& s, std::vector<Planned>* plan) {
+  STRATA_LOG_DEBUG("engine: preempting request {} ({} tokens computed)", s.id.value(), s.num_computed);
+  if (s.in_kv) kv_->Free(s.id);
+  s.in_kv = false;
+  s.loading = false;
+  s.num_computed = 0;
+  running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
+  plan->erase(std::remove_if(plan->begin(), plan->end(), [&](const Planned& p) { return p.seq == &s; }),
+              plan->end());
+  ++s.preemptions;
+  ++preemptions_;
+  AddWaiting(&s);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++queued_;
+}
+
+bool Engine::EnsureBlocks(Sequence& s, int32_t positions, std::vector<Planned>* plan) {
+  while (true) {
+    auto r = kv_->Allocate(s.id, positions);
+    if (!r) {
+      Finish(s, "error", r.error());
+      return false;
+    }
+    if (*r == kvcache::AllocOutcome::kAllocated) return true;
+    // Lowest priority (largest value), latest arrival goes first.
+    Sequence* victim = nullptr;
+    for (Sequence* c : running_)
+      if (victim == nullptr || Before(victim->req.priority, victim->order, c->req.priority, c->order)) victim = c;
+    if (victim == nullptr) return false;
+    Preempt(*victim, plan);
+    if (victim == &s) return false;
+  }
+}
+
+void Engine::OnReady(Sequence& s) {
+  s.loading = false;
+  s.num_computed = kv_->CachedTokens(s.id);
+  if (s.cache_known) return;  // a resumed sequence keeps its first admission's figures
+  s.cache_known = true;
+  s.cached_tokens = s.num_computed;
+  s.cached_by_tier.assign(tier_names_.size(), 0);
+  const int32_t bs = kv_->options().block_size;
+  for (int t : kv_->CachedBlockTiers(s.id))
+    if (t >= 0 && static_cast<size_t>(t) < s.cached_by_tier.size()) s.cached_by_tier[static_cast<size_t>(t)] += bs;
+}
+
+bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
+  bool any = false;
+  while (!waiting_.empty() && *budget > 0 && static_cast<int>(running_.size()) < options_.max_running) {
+    Sequence* s = waiting_.front();
+    if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt); !a.ok()) {
+      Finish(*s, "error", a);
+      any = true;
+      continue;
+    }
+    const kvcache::PrefixMatch m = kv_->Match(s->tokens, s->req.cache_salt);
+    const int32_t len = static_cast<int32_t>(s->tokens.size());
+    const int32_t start = std::min(m.total(), len - 1);
+    const int32_t chunk = std::min(len - start, *budget);
+    auto r = kv_->Allocate(s->id, start + chunk);
+    if (!r || *r == kvcache::AllocOutcome::kNotNow) {
+      kv_->Free(s->id);
+      if (!r) {
+        Finish(*s, "error", r.error());
+        any = true;
+        continue;
+      }
+      break;  // head of line waits for blocks
+    }
+    s->in_kv = true;
+    RemoveWaiting(s);
+    running_.push_back(s);
+    any = true;
+    if (!s->ever_admitted) {
+      s->ever_admitted = true;
+      s->timings.scheduled = clock_->NowNanos();
+      s->timings.queue_seconds = static_cast<double>(s->timings.scheduled - s->timings.arrival) * 1e-9;
+      prompt_tokens_ += static_cast<uint64_t>(s->prompt_len);
+    }
+    if (!kv_->IsReady(s->id)) {
+      s->loading = true;
+      continue;
+    }
+    OnReady(*s);
+    const int32_t n = std::min(s->remaining(), *budget);
+    if (!EnsureBlocks(*s, s->num_computed + n, plan)) continue;
+    plan->push_back({s, n});
+    *budget -= n;
+  }
+  return any;
+}
+
+void Engine::AfterToken(Sequence& s, const float* logits) {
+  SampleResult r = s.sampler.Sample(logits);
+  const int64_t now = clock_->NowNanos();
+  if (s.generated == 0) {
+    s.timings.first_token = now;
+    s.timings.prefill_seconds = static_cast<double>(now - s.timings.scheduled) * 1e-9;
+  }
+  s.timings.last_token = now;
+  ++s.generated;
+  ++generation_tokens_;
+  s.tokens.push_back(r.token);
+  s.new_tokens.push_back(r.token);
+  if (s.want_logprobs) s.new_logprobs.push_back(r);
+  const bool eog = !s.req.ignore_eos && tokenizer_->IsEog(r.token);
+  const bool stop_id =
+      std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), r.token) != s.req.stop_token_ids.end();
+  if (eog || stop_id) return Finish(s, "stop", Status::Ok());
+  s.new_text += s.stop.Push(s.decoder.Push(r.token));
+  if (s.stop.stopped()) return Finish(s, "stop", Status::Ok());
+  if (s.generated >= s.req.max_tokens) return Finish(s, "length", Status::Ok());
+  Emit(s, /*finished=*/false, "", Status::Ok());
+}
+
+Result<bool> Engine::Step() {
+  const size_t unfinished_before = seqs_.size();
+  TakeInbox();
+  bool did = seqs_.size() != unfinished_before;
+  kv_->Poll();
+  std::vector<Planned> plan;
+  int budget = options_.max_batch_tokens;
+  // Loads that finished since the last step.
+  for (Sequence* s : std::vector<Sequence*>(running_))
+    if (s->loading && kv_->IsReady(s->id)) {
+      OnReady(*s);
+      did = true;
+    }
+  // 1. One decode token for every running sequence that has finished its prompt.
+  const std::vector<Sequence*> snapshot = running_;
+  auto still_running = [&](Sequence* s) {
+    return std::find(running_.begin(), running_.end(), s) != running_.end();
+  };
+  for (Sequence* s : snapshot) {
+    if (budget <= 0) break;
+    if (!still_running(s) || s->loading || s->remaining() != 1) continue;
+    if (!EnsureBlocks(*s, s->num_computed + 1, &plan)) continue;
+    plan.push_back({s, 1});
+    --budget;
+  }
+  // 2. Prompt chunks of running sequences still in prefill.
+  for (Sequence* s : snapshot) {
+    if (budget <= 0) break;
+    if (!still_running(s) || s->loading || s->remaining() <= 1) continue;
+    const int32_t n = std::min(s->remaining(), budget);
+    if (!EnsureBlocks(*s, s->num_computed + n, &plan)) continue;
+    plan.push_back({s, n});
+    budget -= n;
+  }
+  // 3. New requests.
+  if (Admit(&budget, &plan)) did = true;
+
+  if (plan.empty()) {
+    RefreshStats();
+    return did;
+  }
+  batch_.clear();
+  for (const Planned& p : plan) {
+    Sequence& s = *p.seq;
+    ForwardSeq f;
+    f.tokens = std::span<const int32_t>(s.tokens.data() + s.num_computed, static_cast<size_t>(p.tokens));
+    f.start_pos = s.num_computed;
+    f.block_table = kv_->BlockTable(s.id);
+    batch_.push_back(f);
+  }
+  Status st = runner_->Forward(batch_, &logits_);
+  ++steps_;
+  if (!st.ok()) {
+    STRATA_LOG_ERROR("engine: forward pass over {} sequences failed: {}", plan.size(), st.ToString());
+    for (const Planned& p : plan) Finish(*p.seq, "error", st);
+    RefreshStats();
+    return st;
+  }
+  const size_t vocab = static_cast<size_t>(runner_->vocab_size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Sequence& s = *plan[i].seq;
+    s.num_computed += plan[i].tokens;
+    if (Status c = kv_->Commit(s.id, std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(s.num_computed)));
+        !c.ok())
+      STRATA_LOG_WARN("engine: commit of request {} failed: {}", s.id.value(), c.ToString());
+    if (s.remaining() == 0) AfterToken(s, logits_.data() + i * vocab);
+  }
+  kv_->Poll();
+  RefreshStats();
+  return true;
+}
+
+void Engine::RefreshStats() {
+  EngineStats st;
+  st.num_running = static_cast<int>(running_.size());
+  st.steps = steps_;
+  st.preemptions = preemptions_;
+  st.prompt_tokens = prompt_tokens_;
+  st.generation_tokens = generation_tokens_;
+  st.finished_by_reason = finished_by_reason_;
+  st.kv = kv_->stats();
+  st.device_blocks_in_use = st.kv.device_pool.in_use;
+  const uint64_t block_bytes = kv_->options().block_bytes;
+  TierUsage dev;
+  dev.name = tier_names_[0];
+  dev.capacity_bytes = static_cast<uint64_t>(kv_->options().num_device_blocks) * block_bytes;
+  dev.used_bytes = static_cast<uint64_t>(st.kv.device_pool.in_use) * block_bytes;
+  dev.usage_ratio = kv_->options().num_device_blocks > 0
+                        ? static_cast<double>(st.kv.device_pool.in_use) / kv_->options().num_device_blocks
+                        : 0.0;
+  st.tiers.push_back(dev);
+  for (size_t i = 0; i < kv_->num_lower_tiers(); ++i) {
+    const kvcache::StoreStats ss = kv_->lower_store(i).stats();
+    TierUsage t;
+    t.name = tier_names_[i + 1];
+    t.capacity_bytes = ss.capacity_bytes;
+    t.used_bytes = ss.used_bytes;
+    t.usage_ratio = ss.capacity_bytes > 0 ? static_cast<double>(ss.used_bytes) / ss.capacity_bytes : 0.0;
+    st.tiers.push_back(std::move(t));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  st.num_waiting = queued_;
+  st.draining = draining_;
+  st.rejected_queue_full = rejected_;
+  stats_ = std::move(st);
+}
+
+void Engine::Start() {
+  if (loop_running_.exchange(true)) return;
+  loop_ = std::thread([this] { Loop(); });
+}
+
+void Engine::Loop() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+    }
+    auto r = Step();
+    if (!r) {
+      STRATA_LOG_ERROR("engine step failed: {}", r.error().ToString());
+      continue;
+    }
+    if (*r) continue;
+    // Idle: sleep until new work arrives; poll tier I/O now and then (loads
+    // in flight: often; otherwise write-throughs settle within 10 ms).
+    bool loading = false;
+    for (const Sequence* s : running_) loading |= s->loading;
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_.wait_for(lock, loading || !running_.empty() ? std::chrono::microseconds(200) : std::chrono::microseconds(10000),
+                   [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !tasks_.empty(); });
+  }
+}
+
+void Engine::AbortAll(const Status& why) {
+  TakeInbox();
+  std::vector<Sequence*> all;
+  for (auto& [_, s] : seqs_) all.push_back(s.get());
+  for (Sequence* s : all) Finish(*s, "abort", why);
+  kv_->Poll();
+  RefreshStats();
+}
+
+void Engine::Stop(double grace_seconds) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+  }
+  using Wall = std::chrono::steady_clock;
+  const auto deadline = Wall::now() + std::chrono::duration_cast<Wall::duration>(
+                                          std::chrono::duration<double>(std::max(0.0, grace_seconds)));
+  if (loop_running_.load()) {
+    while (num_unfinished() > 0 && Wall::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      wake_.notify_all();
+    }
+    if (loop_.joinable()) loop_.join();
+    loop_running_ = false;
+  } else {
+    while (num_unfinished() > 0 && Wall::now() < deadline) {
+      auto r = Step();
+      if (r && !*r) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  // This thread is now the only one stepping.
+  AbortAll(Status::Unavailable("the server is shutting down"));
+}
+
+}  // namespace strata::scheduler

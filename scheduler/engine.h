@@ -1,0 +1,279 @@
+#pragma once
+// The serving engine loop: continuous batching over one ForwardEngine and
+// one KvManager.
+//
+// Each Step():
+//   1. takes newly submitted requests, cancellations and posted tasks;
+//      finishes cancelled requests and those past their deadline (their
+//      blocks are released at once);
+//   2. polls the KV manager (finished tier loads and write-throughs);
+//   3. schedules under a per-step token budget (`max_batch_tokens`): one
+//      decode token for every running sequence first, then prompt chunks of
+//      running sequences still in prefill, then admits waiting requests in
+//      order (priority ascending, then arrival) while blocks and the running
+//      limit allow (chunked prefill: a long prompt takes several steps and
+//      never blocks decode);
+//   4. runs one batched forward pass, samples, detects stops, commits full
+//      blocks to the KV manager and sends each request's new text to its sink.
+//
+// Blocks come only from the KV manager. When it answers "not now" for a
+// running sequence, the engine preempts the lowest-priority, latest-arrived
+// running request: its blocks are freed (full ones stay in the prefix cache
+// and in the lower tiers, so resuming mostly hits) and it goes back to the
+// front of the waiting queue with its generated tokens, to be recomputed.
+//
+// Time comes from the injected Clock (queue times, deadlines, timings), so
+// the simulator can drive the same code in virtual time through Step().
+//
+// Thread-safety: Submit, Cancel, Post, BeginDrain and Stats may be called
+// from any thread. Step() is called by one thread at a time: the loop thread
+// Start() creates, or the caller when no loop runs (tests, simulator). Sinks
+// and posted tasks run on the stepping thread and must not block.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/status.h"
+#include "common/strong_id.h"
+#include "kvcache/clock.h"
+#include "kvcache/kv_manager.h"
+#include "model/forward.h"
+#include "model/generate.h"
+#include "model/sampler.h"
+#include "model/tokenizer/tokenizer.h"
+
+namespace strata::scheduler {
+
+// What the engine runs a batch on: the model's forward pass (ForwardEngine),
+// or a cost model in the simulator.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  // ForwardEngine::Forward's contract.
+  virtual Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) = 0;
+  virtual int vocab_size() const = 0;
+  virtual int context_length() const = 0;
+};
+
+// Runs batches on a ForwardEngine (not owned).
+class ForwardEngineRunner final : public StepRunner {
+ public:
+  explicit ForwardEngineRunner(ForwardEngine* engine) : engine_(engine) {}
+  Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) override {
+    return engine_->Forward(batch, logits);
+  }
+  int vocab_size() const override { return engine_->config().vocab_size; }
+  int context_length() const override { return engine_->config().context_length; }
+
+ private:
+  ForwardEngine* engine_;
+};
+
+struct EngineOptions {
+  int max_batch_tokens = 512;  // tokens per forward step (decode + prompt chunks); >= 1
+  int max_running = 64;        // sequences in flight at once (running or loading); >= 1
+  int max_waiting = 1024;      // queued, not yet running; Submit beyond it is ResourceExhausted
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;  // >= 1 token, ids in the vocabulary
+  // >= 1; prompt + max_tokens <= context length (callers resolve defaults
+  // with ResolveMaxTokens first).
+  int max_tokens = 16;
+  SamplingParams sampling;                 // validated by Submit
+  std::vector<std::string> stop;           // stop strings (not in the text)
+  std::vector<int32_t> stop_token_ids;     // in addition to the tokenizer's end-of-generation ids
+  bool ignore_eos = false;
+  std::string cache_salt;                  // tenant: blocks are shared only within one salt
+  int priority = 0;                        // lower runs first; ties: arrival order
+  int64_t deadline_nanos = 0;              // Clock time after which it is cancelled; 0 = none
+};
+
+// Clock times (nanoseconds, kvcache::Clock) of a request's life; 0 = not yet.
+struct RequestTimings {
+  int64_t arrival = 0;      // Submit
+  int64_t scheduled = 0;    // first admitted to running
+  int64_t first_token = 0;  // first generated token sampled
+  int64_t last_token = 0;   // latest generated token sampled
+  int64_t finished = 0;
+  double prefill_seconds = 0;  // scheduled → first token
+  double decode_seconds = 0;   // first token → finished
+  double queue_seconds = 0;    // arrival → scheduled
+};
+
+// One event for a request's sink. Tokens and text are deltas since the
+// previous event; the last event has finished = true.
+struct RequestOutput {
+  RequestId id{0};
+  std::vector<int32_t> token_ids;       // generated since the last event
+  std::string text;                     // final text since the last event (stop strings cut, EOS not shown)
+  std::vector<SampleResult> logprobs;   // one per token in token_ids when sampling.logprobs / top_logprobs
+  bool finished = false;
+  // "stop" (EOS, stop id or stop string), "length" (max_tokens),
+  // "abort" (cancelled, deadline, engine stopping), "error" (see status).
+  std::string finish_reason;
+  Status status;                        // the error for "error"/"abort", else OK
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;        // generated so far (all events)
+  // Prompt tokens whose KV came from cache, and the split by tier:
+  // index kvcache::kDeviceTier (0) = device, i + 1 = lower tier i
+  // (names in Engine::tier_names()). Known from the first event on.
+  int32_t cached_tokens = 0;
+  std::vector<int32_t> cached_tokens_by_tier;
+  int32_t preemptions = 0;
+  RequestTimings timings;               // complete in the final event
+};
+
+using OutputSink = std::function<void(RequestOutput&&)>;
+
+struct TierUsage {
+  std::string name;             // "device", "host", "disk"
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;      // device: blocks in use or cached
+  double usage_ratio = 0;       // used / capacity (0 when capacity 0)
+};
+
+// A consistent snapshot, refreshed after every step.
+struct EngineStats {
+  int num_running = 0;   // admitted (prefill, decode or loading)
+  int num_waiting = 0;   // submitted, not yet admitted
+  bool draining = false;
+  uint64_t steps = 0;
+  uint64_t preemptions = 0;
+  uint64_t prompt_tokens = 0;      // of finished and running requests, counted at admission
+  uint64_t generation_tokens = 0;
+  uint64_t rejected_queue_full = 0;
+  std::map<std::string, uint64_t> finished_by_reason;  // stop, length, abort, error
+  int32_t device_blocks_in_use = 0;  // referenced by a request
+  std::vector<TierUsage> tiers;      // device first, then the lower tiers in chain order
+  kvcache::KvManagerStats kv;
+};
+
+class Engine {
+ public:
+  // `runner`, `kv`, `tokenizer` and `clock` must outlive the engine. The KV
+  // manager's block memory must be the runner's (same block size).
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, StepRunner* runner,
+                                                kvcache::KvManager* kv, const Tokenizer* tokenizer,
+                                                kvcache::Clock* clock);
+  // Stops the loop (cancelling what is left) if it runs.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. The sink receives its events on the stepping thread
+  // (never inside Submit). Errors: InvalidArgument (bad prompt, max_tokens,
+  // sampling params; nothing queued), ResourceExhausted (waiting queue full),
+  // Unavailable (draining or stopped).
+  Result<RequestId> Submit(EngineRequest request, OutputSink sink);
+
+  // Cancels a request (unknown or finished ids are ignored). Its sink gets a
+  // final "abort" event and its blocks are released within one step.
+  void Cancel(RequestId id);
+
+  // Runs `task` on the stepping thread before the next step (admin
+  // operations on the KV manager, which is not thread-safe).
+  void Post(std::function<void(kvcache::KvManager&)> task);
+
+  // One iteration (see the top of this file). Returns true when it did work
+  // (ran a batch, finished or admitted a request, ran a task), false when
+  // idle. An error is a failed forward pass; the requests in that batch are
+  // finished with "error" and the engine keeps going.
+  Result<bool> Step();
+
+  // Starts the loop thread (Step until Stop; sleeps when idle).
+  void Start();
+  // From now on Submit answers Unavailable; running and waiting requests go on.
+  void BeginDrain();
+  // Waits up to `grace_seconds` (wall clock) for unfinished requests, then
+  // cancels the rest ("abort"), runs their final events and joins the loop.
+  void Stop(double grace_seconds = 0);
+
+  // Submitted and not yet finished.
+  int num_unfinished() const;
+  EngineStats Stats() const;
+  // Tier names by index: "device", then the lower tiers'.
+  const std::vector<std::string>& tier_names() const { return tier_names_; }
+  const EngineOptions& options() const { return options_; }
+  int context_length() const { return runner_->context_length(); }
+
+ private:
+  struct Sequence;
+  struct Planned {
+    Sequence* seq;
+    int32_t tokens;  // positions computed this step
+  };
+  Engine(const EngineOptions& options, StepRunner* runner, kvcache::KvManager* kv, const Tokenizer* tokenizer,
+         kvcache::Clock* clock);
+  void TakeInbox();
+  void AddWaiting(Sequence* s);
+  void RemoveWaiting(Sequence* s);
+  void Finish(Sequence& s, const std::string& reason, Status status);
+  void Emit(Sequence& s, bool finished, const std::string& reason, const Status& status);
+  // Grows the sequence's block table to `positions`, preempting others (or
+  // the sequence itself) when the pool is short. False when `s` was preempted.
+  bool EnsureBlocks(Sequence& s, int32_t positions, std::vector<Planned>* plan);
+  void Preempt(Sequence& s, std::vector<Planned>* plan);
+  // Admits waiting requests into `plan` while budget, blocks and the running
+  // limit allow. True when any was admitted.
+  bool Admit(int* budget, std::vector<Planned>* plan);
+  void OnReady(Sequence& s);
+  // Sampling and stop detection after a step that reached the sequence's end.
+  void AfterToken(Sequence& s, const float* logits);
+  void RefreshStats();
+  void Loop();
+  void AbortAll(const Status& why);
+
+  const EngineOptions options_;
+  StepRunner* const runner_;
+  kvcache::KvManager* const kv_;
+  const Tokenizer* const tokenizer_;
+  kvcache::Clock* const clock_;
+  std::vector<std::string> tier_names_;
+
+  // Shared with other threads (mu_).
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  struct Pending {
+    RequestId id;
+    EngineRequest request;
+    OutputSink sink;
+    int64_t arrival;
+  };
+  std::vector<Pending> inbox_;
+  std::vector<RequestId> cancels_;
+  std::vector<std::function<void(kvcache::KvManager&)>> tasks_;
+  int queued_ = 0;  // inbox + waiting: what max_waiting bounds
+  int unfinished_ = 0;
+  bool draining_ = false;
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+  uint64_t rejected_ = 0;
+  EngineStats stats_;
+
+  // Stepping thread only.
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  std::deque<Sequence*> waiting_;   // kept sorted by (priority, arrival order)
+  std::vector<Sequence*> running_;  // admission order
+  uint64_t steps_ = 0, preemptions_ = 0, prompt_tokens_ = 0, generation_tokens_ = 0;
+  std::map<std::string, uint64_t> finished_by_reason_;
+  std::vector<ForwardSeq> batch_;
+  std::vector<float> logits_;
+
+  std::thread loop_;
+  std::atomic<bool> loop_running_{false};
+};
+
+}  // namespace strata::scheduler

@@ -1,0 +1,103 @@
+#pragma once
+// The protocol-neutral front end shared by HTTP (OpenAI) and gRPC: checks a
+// GenerationParams against the served model (name, prompt, context, value
+// ranges), turns it into token ids (chat template for chats), and runs its n
+// choices on the engine.
+//
+// Thread-safety: all methods may be called from any thread (the tokenizer
+// and model are read-only; Engine::Submit is thread-safe).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/model_loader.h"
+#include "scheduler/engine.h"
+#include "server/api_types.h"
+
+namespace strata::server {
+
+// Sees every engine event of every request (metrics). Called on the engine
+// thread before the event goes to the protocol; must not block.
+class RequestObserver {
+ public:
+  virtual ~RequestObserver() = default;
+  virtual void OnEvent(const scheduler::RequestOutput& event) = 0;
+};
+
+struct FrontendOptions {
+  std::string served_model_name;  // the only accepted `model` value
+  int max_n = 16;                 // largest n accepted
+  RequestObserver* observer = nullptr;  // not owned; may be null
+};
+
+struct PreparedRequest {
+  GenerationParams params;
+  std::vector<int32_t> prompt;  // token ids the model is fed
+  std::string prompt_text;      // text form (for echo): rendered chat, given text, or decoded ids
+  int max_tokens = 0;           // resolved: given, or the rest of the context
+};
+
+// The engine requests of one API request (one per choice).
+class Call {
+ public:
+  Call(scheduler::Engine* engine, std::vector<RequestId> ids) : engine_(engine), ids_(std::move(ids)) {}
+  // Cancels every choice still running (their sinks get "abort").
+  void Cancel() {
+    for (RequestId id : ids_) engine_->Cancel(id);
+  }
+  const std::vector<RequestId>& ids() const { return ids_; }
+
+ private:
+  scheduler::Engine* engine_;
+  std::vector<RequestId> ids_;
+};
+
+class Frontend {
+ public:
+  // `model` and `engine` must outlive the front end.
+  Frontend(const LoadedModel& model, scheduler::Engine& engine, FrontendOptions options);
+
+  const std::string& model_name() const { return options_.served_model_name; }
+  int context_length() const;
+  const LoadedModel& model() const { return model_; }
+  scheduler::Engine& engine() const { return engine_; }
+
+  // An empty model name means the served model. 404 for another model
+  // name; 400 for an empty prompt, token ids outside the vocabulary, a
+  // prompt that fills the context or prompt + max_tokens beyond it (the
+  // message says both numbers), n outside [1, max_n], more than 4 stop
+  // strings, and sampling values out of range (the message names the field,
+  // `param` is set).
+  std::optional<ApiError> Prepare(GenerationParams params, PreparedRequest* out) const;
+
+  // Runs choice i with seed + i (when a seed is given). `on_event` gets
+  // (choice index, event) on the engine thread; events that arrive while
+  // Start is still submitting are held and delivered, in order, on the
+  // caller's thread just before Start returns. Calls never overlap. The
+  // observer sees every event first (also those of a failed Start).
+  // Errors: 429 when the engine's waiting queue is full, 503 while draining,
+  // 400 for what the engine refuses (e.g. more KV blocks than the pool has);
+  // then the choices already submitted are cancelled, nothing is left
+  // queued, *call is untouched and on_event is never called.
+  using EventFn = std::function<void(int choice, scheduler::RequestOutput&& event)>;
+  std::optional<ApiError> Start(const PreparedRequest& request, EventFn on_event, std::shared_ptr<Call>* call);
+
+  // POST /tokenize: a prompt, or messages with the chat template applied
+  // (404 for another model name).
+  // add_special_tokens (default true for prompts) adds BOS as TokenizePrompt does.
+  std::optional<ApiError> Tokenize(const GenerationParams& params, std::vector<int32_t>* tokens) const;
+  // POST /detokenize: 400 for ids outside the vocabulary.
+  std::optional<ApiError> Detokenize(std::span<const int32_t> tokens, std::string* text) const;
+
+ private:
+  const LoadedModel& model_;
+  scheduler::Engine& engine_;
+  FrontendOptions options_;
+};
+
+}  // namespace strata::server

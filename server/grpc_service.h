@@ -1,0 +1,75 @@
+#pragma once
+// The gRPC front end of `strata serve`: service strata.v1.Strata
+// (proto/strata.proto; docs/grpc.md) plus server reflection.
+//
+// Requests become server::GenerationParams and go through the same Frontend
+// as HTTP (Prepare / Start / Tokenize), so validation, defaults and error
+// messages are the HTTP API's; an ApiError becomes a grpc::Status with
+// ApiError::grpc_code() and its message, and trailing metadata
+// "strata-error-type", "strata-error-param" (when set), "strata-error-code"
+// (when set) and "retry-after" (RESOURCE_EXHAUSTED, UNAVAILABLE).
+//
+// Streaming RPCs run on gRPC's synchronous server threads: each call's
+// thread waits on a queue that the engine thread fills through the
+// Frontend's event callback, and writes what arrives. A client that cancels
+// or whose deadline passes has its engine requests cancelled at once (the
+// wait wakes up every 50 ms to check).
+//
+// Thread-safety: port() and active_streams() may be called from any thread; Shutdown once, from
+// one thread (the destructor calls it when it was not called).
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "server/frontend.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace strata::server {
+
+struct GrpcServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 50051;                  // 0 = any free port (see port())
+  int max_message_bytes = 16 << 20;  // larger requests: RESOURCE_EXHAUSTED (gRPC's own check)
+  // As for HTTP: when set, Generate, Chat and Tokenize need the metadata
+  // "authorization: Bearer <api_key>" and CacheStats needs "authorization:
+  // Bearer <admin_token>"; else UNAUTHENTICATED. Health is always open.
+  std::string api_key;
+  std::string admin_token;
+  int retry_after_seconds = 1;  // trailing "retry-after" on RESOURCE_EXHAUSTED / UNAVAILABLE
+};
+
+class GrpcService;  // the generated service's implementation (grpc_service.cc)
+
+class GrpcServer {
+ public:
+  // Binds and starts serving. `frontend` (and its engine) must outlive the
+  // server. Errors: Unavailable when the address cannot be bound.
+  static Result<std::unique_ptr<GrpcServer>> Create(const GrpcServerOptions& options,
+                                                    Frontend& frontend);
+  ~GrpcServer();
+  GrpcServer(const GrpcServer&) = delete;
+  GrpcServer& operator=(const GrpcServer&) = delete;
+
+  int port() const { return port_; }
+  // Generate/Chat calls whose handler is running (for metrics and logs).
+  int active_streams() const;
+
+  // Stops accepting calls; calls still running after `deadline_seconds` are
+  // cancelled (their engine requests too). Returns when every handler has
+  // returned. Idempotent.
+  void Shutdown(double deadline_seconds);
+
+ private:
+  GrpcServer() = default;
+
+  std::unique_ptr<GrpcService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace strata::server

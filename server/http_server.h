@@ -1,0 +1,100 @@
+#pragma once
+// An asynchronous HTTP/1.1 server (Boost.Beast over Asio) for the OpenAI API,
+// metrics and admin endpoints: keep-alive, bodies up to a limit (413 beyond),
+// chunked streaming for SSE, and detection of clients that hang up
+// mid-stream. A few I/O threads hold thousands of open connections; handlers
+// must not block (they hand work to the engine and return).
+//
+// Every response carries `x-request-id` (the client's when it sent one,
+// else a generated one). When a response completes (or the client goes away)
+// the access callback gets one record per request.
+//
+// Thread-safety: ResponseWriter methods may be called from any thread (the
+// engine thread streams through them). HttpServer's Start/Stop from one
+// thread.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace strata::server {
+
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+struct HttpRequest {
+  std::string method;   // "GET", "POST", ...
+  std::string target;   // as sent: path and query
+  std::string path;     // without the query
+  std::string query;    // after '?', may be empty
+  std::map<std::string, std::string> headers;  // names lower-case
+  std::string body;
+  std::string request_id;  // x-request-id given or generated
+  std::string remote;      // peer address:port
+  // Header value or "" (name lower-case).
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? std::string() : it->second;
+  }
+};
+
+// One request's response. Either Send() once, or StartStream(), Write()...,
+// End(). Calls after the response is complete are ignored.
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  virtual void Send(int status, std::string content_type, std::string body, HeaderList headers = {}) = 0;
+  // Chunked transfer encoding; for SSE pass "text/event-stream".
+  virtual void StartStream(int status, std::string content_type, HeaderList headers = {}) = 0;
+  // Queues data; false once the client is gone (then stop producing).
+  virtual bool Write(std::string data) = 0;
+  virtual void End() = 0;
+  // `f` runs once, on an I/O thread, if the client hangs up (or the write
+  // fails) before the response completed; runs at once if already closed.
+  virtual void OnClose(std::function<void()> f) = 0;
+  virtual bool closed() const = 0;
+  // Adds "key=value" to this request's access log line.
+  virtual void AddLogField(std::string key, std::string value) = 0;
+};
+
+using HttpHandler = std::function<void(HttpRequest&&, std::shared_ptr<ResponseWriter>)>;
+
+struct AccessRecord {
+  std::string request_id, method, path, remote;
+  int status = 0;          // 0 when the client left before a response started
+  bool client_closed = false;
+  double seconds = 0;      // request read → response complete
+  uint64_t bytes_out = 0;
+  std::vector<std::pair<std::string, std::string>> fields;  // AddLogField
+};
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0 = any free port (see port())
+  int io_threads = 2;
+  uint64_t max_body_bytes = 16ull << 20;  // larger bodies get 413 (OpenAI error body)
+  int backlog = 4096;
+  int max_connections = 20000;            // beyond: accepted and closed at once
+  double header_timeout_seconds = 30;     // to read a request's header and body
+  double keepalive_timeout_seconds = 120; // idle between requests
+};
+
+class HttpServer {
+ public:
+  // Binds and listens (errors: address in use, bad host). Does not serve yet.
+  static Result<std::unique_ptr<HttpServer>> Create(const HttpServerOptions& options, HttpHandler handler,
+                                                   std::function<void(const AccessRecord&)> on_access = nullptr);
+  virtual ~HttpServer() = default;
+  virtual void Start() = 0;           // starts the I/O threads
+  virtual int port() const = 0;       // the bound port
+  virtual void StopAccepting() = 0;   // closes the listener; open connections go on
+  virtual void Stop() = 0;            // closes everything and joins the threads
+  virtual int open_connections() const = 0;
+};
+
+}  // namespace strata::server

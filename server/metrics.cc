@@ -1,0 +1,226 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+namespace strata::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+// vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards' quantiles line up.
+const Histogram::BucketBoundaries kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                                  0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+                                                  20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const Histogram::BucketBoundaries kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                                 0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const Histogram::BucketBoundaries kRequestLatencyBuckets = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,
+                                                            5.0,  10.0, 15.0, 20.0,  30.0,  40.0,  50.0,
+                                                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+// 1, 2, 5, 10, 20, 50, ... up to and including the first value >= max (vLLM's
+// build_1_2_5_buckets stops at <= max; one more keeps max itself in a bucket).
+Histogram::BucketBoundaries Buckets125(int max_value) {
+  Histogram::BucketBoundaries b;
+  const double max = std::max(1, max_value);
+  for (double scale = 1;; scale *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      b.push_back(m * scale);
+      if (m * scale >= max) return b;
+    }
+  }
+}
+
+double Seconds(int64_t nanos) { return static_cast<double>(nanos) / 1e9; }
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
+    : model_name_(std::move(model_name)), registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  const prometheus::Labels model{{"model_name", model_name_}};
+  auto hist = [&](const char* name, const char* help, const Histogram::BucketBoundaries& buckets) {
+    return &BuildHistogram().Name(name).Help(help).Labels(model).Register(r).Add({}, buckets);
+  };
+  auto counter_family = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Labels(model).Register(r);
+  };
+  auto gauge_family = [&](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Labels(model).Register(r);
+  };
+
+  ttft_ = hist("strata_time_to_first_token_seconds", "Time from arrival to the first generated token, in seconds.",
+               kTtftBuckets);
+  itl_ = hist("strata_inter_token_latency_seconds", "Time between successive generated tokens, in seconds.",
+              kItlBuckets);
+  tpot_ = hist("strata_time_per_output_token_seconds",
+               "Per request: decode time divided by generated tokens after the first, in seconds.", kItlBuckets);
+  e2e_ = hist("strata_e2e_request_latency_seconds", "Time from arrival to the final event, in seconds.",
+              kRequestLatencyBuckets);
+  queue_ = hist("strata_request_queue_time_seconds", "Time from arrival to first admission, in seconds.",
+                kRequestLatencyBuckets);
+  prefill_ = hist("strata_request_prefill_time_seconds", "Time from first admission to the first token, in seconds.",
+                  kRequestLatencyBuckets);
+  decode_ = hist("strata_request_decode_time_seconds", "Time from the first token to the final event, in seconds.",
+                 kRequestLatencyBuckets);
+  prompt_hist_ = hist("strata_request_prompt_tokens", "Prompt tokens per finished request.",
+                      Buckets125(max_model_len));
+  generation_hist_ = hist("strata_request_generation_tokens", "Generated tokens per finished request.",
+                          Buckets125(max_model_len));
+
+  prompt_tokens_ = &counter_family("strata_prompt_tokens_total", "Prompt tokens of requests seen.")->Add({});
+  generation_tokens_ = &counter_family("strata_generation_tokens_total", "Tokens generated.")->Add({});
+  requests_ = counter_family("strata_requests_total", "Finished engine requests by finish reason.");
+  errors_ = counter_family("strata_request_errors_total", "Responses with an error status, by HTTP status code.");
+
+  running_ = &gauge_family("strata_num_requests_running", "Requests admitted (prefill, decode or loading).")->Add({});
+  waiting_ = &gauge_family("strata_num_requests_waiting", "Requests queued, not yet admitted.")->Add({});
+  device_blocks_in_use_ =
+      &gauge_family("strata_kv_device_blocks_in_use", "Device KV blocks referenced by requests.")->Add({});
+  device_blocks_ = gauge_family("strata_kv_device_blocks", "Device KV blocks by state: in_use, cached, free.");
+  usage_ratio_ = gauge_family("strata_kv_cache_usage_ratio", "Used fraction of each KV tier's capacity (0 to 1).");
+  used_bytes_ = gauge_family("strata_kv_cache_used_bytes", "Bytes held in each KV tier.");
+  capacity_bytes_ = gauge_family("strata_kv_cache_capacity_bytes", "Capacity of each KV tier in bytes.");
+
+  cache_queries_ = counter_family("strata_prefix_cache_queries_total",
+                                  "Prompt tokens of requests whose prefix was looked up in the KV cache.");
+  cache_hits_ = counter_family("strata_prefix_cache_hits_total",
+                               "Prompt tokens served from the KV cache, by the tier they came from.");
+  preemptions_ = counter_family("strata_num_preemptions_total", "Running requests preempted for lack of blocks.");
+  rejected_ = counter_family("strata_requests_rejected_total", "Submissions refused because the waiting queue was full.");
+  device_evictions_ = counter_family("strata_kv_device_evictions_total",
+                                     "Cached device blocks whose contents were dropped for reuse or by a flush.");
+  tier_written_ = counter_family("strata_kv_tier_bytes_written_total", "Bytes written from device to each lower tier.");
+  tier_read_ = counter_family("strata_kv_tier_bytes_read_total", "Bytes loaded from each lower tier into device.");
+  tier_load_failures_ = counter_family("strata_kv_tier_load_failures_total",
+                                       "Loads from each lower tier that failed (recomputed instead).");
+  tier_write_failures_ = counter_family("strata_kv_tier_write_failures_total", "Writes to each lower tier that failed.");
+  tier_load_seconds_ = counter_family("strata_kv_tier_load_seconds_total",
+                                      "Sum over loads from each lower tier of submit-to-completion time, in seconds.");
+  tier_deferred_ = counter_family("strata_kv_tier_admissions_deferred_total",
+                                  "Full blocks not written to each lower tier yet for lack of hits (admit_after).");
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+void ServerMetrics::OnEvent(const scheduler::RequestOutput& ev) {
+  const auto& t = ev.timings;
+  std::lock_guard<std::mutex> lock(mu_);
+  RequestState& st = requests_state_[ev.id.value()];
+  if (!st.prompt_counted) {
+    st.prompt_counted = true;
+    prompt_tokens_->Increment(static_cast<double>(std::max(0, ev.prompt_tokens)));
+  }
+  if (ev.completion_tokens > st.completion_tokens) {
+    generation_tokens_->Increment(static_cast<double>(ev.completion_tokens - st.completion_tokens));
+    st.completion_tokens = ev.completion_tokens;
+  }
+  const int64_t n = static_cast<int64_t>(ev.token_ids.size());
+  if (ev.completion_tokens > 0 && !st.ttft_observed) {
+    st.ttft_observed = true;
+    if (t.first_token >= t.arrival) ttft_->Observe(Seconds(t.first_token - t.arrival));
+    // The first token has no gap before it; the event's others are spread
+    // over first_token → last_token.
+    if (n > 1 && t.last_token > t.first_token) {
+      const double gap = Seconds(t.last_token - t.first_token) / static_cast<double>(n - 1);
+      for (int64_t i = 1; i < n; ++i) itl_->Observe(gap);
+    }
+    st.last_token_nanos = t.last_token;
+  } else if (n > 0 && st.ttft_observed && t.last_token >= st.last_token_nanos) {
+    // This event's tokens came over the time since the previous event's last token.
+    const double gap = Seconds(t.last_token - st.last_token_nanos) / static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) itl_->Observe(gap);
+    st.last_token_nanos = t.last_token;
+  }
+  if (!ev.finished) return;
+
+  requests_state_.erase(ev.id.value());
+  requests_->Add({{"finish_reason", ev.finish_reason.empty() ? "unknown" : ev.finish_reason}}).Increment();
+  if (t.finished > 0 && t.finished >= t.arrival) e2e_->Observe(Seconds(t.finished - t.arrival));
+  // Clock time 0 is a valid instant (virtual clocks), so "it ran" is judged
+  // by what it produced where possible.
+  const bool produced = ev.completion_tokens > 0;
+  if (t.scheduled > 0 || produced) queue_->Observe(t.queue_seconds);
+  if (produced) {
+    prefill_->Observe(t.prefill_seconds);
+    decode_->Observe(t.decode_seconds);
+    if (ev.completion_tokens > 1) tpot_->Observe(t.decode_seconds / static_cast<double>(ev.completion_tokens - 1));
+  }
+  prompt_hist_->Observe(static_cast<double>(ev.prompt_tokens));
+  generation_hist_->Observe(static_cast<double>(ev.completion_tokens));
+}
+
+void ServerMetrics::OnHttpResponse(int status) {
+  if (status < 400) return;
+  errors_->Add({{"code", std::to_string(status)}}).Increment();
+}
+
+size_t ServerMetrics::tracked_requests() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return requests_state_.size();
+}
+
+void ServerMetrics::SetDelta(prometheus::Family<prometheus::Counter>& family, const std::string& key,
+                             const std::map<std::string, std::string>& labels, double value) {
+  std::string k = key;
+  for (const auto& [name, v] : labels) k += "|" + name + "=" + v;
+  DeltaCounter& d = deltas_[k];
+  if (d.counter == nullptr) d.counter = &family.Add(labels);
+  // Cumulative figures only grow; one that went down restarted (a new engine
+  // or tier): its new value counts from zero.
+  const double delta = value >= d.last ? value - d.last : value;
+  if (delta > 0) d.counter->Increment(delta);
+  d.last = value;
+}
+
+prometheus::Gauge& ServerMetrics::TierGauge(prometheus::Family<prometheus::Gauge>& family, const std::string& tier) {
+  return family.Add({{"tier", tier}});
+}
+
+std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_->Set(s.num_running);
+    waiting_->Set(s.num_waiting);
+    device_blocks_in_use_->Set(s.device_blocks_in_use);
+    device_blocks_->Add({{"state", "in_use"}}).Set(s.kv.device_pool.in_use);
+    device_blocks_->Add({{"state", "cached"}}).Set(s.kv.device_pool.cached);
+    device_blocks_->Add({{"state", "free"}}).Set(s.kv.device_pool.free);
+    for (const auto& tier : s.tiers) {
+      TierGauge(*usage_ratio_, tier.name).Set(tier.usage_ratio);
+      TierGauge(*used_bytes_, tier.name).Set(static_cast<double>(tier.used_bytes));
+      TierGauge(*capacity_bytes_, tier.name).Set(static_cast<double>(tier.capacity_bytes));
+    }
+
+    SetDelta(*cache_queries_, "queries", {}, static_cast<double>(s.kv.query_tokens));
+    SetDelta(*cache_hits_, "hits", {{"tier", "device"}}, static_cast<double>(s.kv.device.tokens));
+    SetDelta(*preemptions_, "preemptions", {}, static_cast<double>(s.preemptions));
+    SetDelta(*rejected_, "rejected", {}, static_cast<double>(s.rejected_queue_full));
+    SetDelta(*device_evictions_, "evictions", {}, static_cast<double>(s.kv.device_pool.evictions));
+    for (const auto& t : s.kv.tiers) {
+      const std::map<std::string, std::string> tier{{"tier", t.name}};
+      SetDelta(*cache_hits_, "hits", tier, static_cast<double>(t.hits.tokens));
+      SetDelta(*tier_written_, "written", tier, static_cast<double>(t.bytes_down));
+      SetDelta(*tier_read_, "read", tier, static_cast<double>(t.bytes_up));
+      SetDelta(*tier_load_failures_, "load_failures", tier, static_cast<double>(t.loads_failed));
+      SetDelta(*tier_write_failures_, "write_failures", tier, static_cast<double>(t.writes_failed));
+      SetDelta(*tier_load_seconds_, "load_seconds", tier, Seconds(t.load_nanos));
+      SetDelta(*tier_deferred_, "deferred", tier, static_cast<double>(t.admissions_deferred));
+    }
+  }
+  prometheus::TextSerializer serializer;
+  return serializer.Serialize(registry_->Collect());
+}
+
+}  // namespace strata::server

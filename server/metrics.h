@@ -1,0 +1,128 @@
+#pragma once
+// Prometheus metrics for `GET /metrics` (DESIGN.md decision 9), named after
+// vLLM's with the `strata_` prefix so that existing dashboards map over.
+// Every series carries a constant `model_name` label (the served model name).
+// docs/metrics.md lists each metric.
+//
+// Two sources feed it:
+//   - per-request events (OnEvent, as the front end's RequestObserver):
+//     latency histograms, token counters and histograms, requests by finish
+//     reason;
+//   - the engine's snapshot (Render(stats), once per scrape): running and
+//     waiting requests, KV usage per tier, prefix-cache queries and hits,
+//     bytes moved between tiers, preemptions. The engine's figures are
+//     cumulative; their counters grow by the delta since the last scrape (a
+//     value that went down, e.g. a new engine, is taken as the new base).
+// Plus HTTP errors by status code (OnHttpResponse).
+//
+// Thread-safety: every method may be called from any thread, concurrently.
+// OnEvent is cheap and never blocks on I/O (it runs on the engine thread).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "scheduler/engine.h"
+#include "server/frontend.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace strata::server {
+
+// The exposition's content type.
+inline constexpr const char* kMetricsContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+class ServerMetrics final : public RequestObserver {
+ public:
+  // `max_model_len` sets the upper buckets of the token-count histograms
+  // (1-2-5 series up to it, as vLLM).
+  ServerMetrics(std::string model_name, int max_model_len);
+  ~ServerMetrics() override;
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // Every engine event of every request (RequestObserver).
+  void OnEvent(const scheduler::RequestOutput& event) override;
+  // Every HTTP (or gRPC, mapped) response status: >= 400 counts as an error
+  // under its code.
+  void OnHttpResponse(int status);
+
+  // Updates the engine-derived series from `stats` and returns the text
+  // exposition (content type kMetricsContentType).
+  std::string Render(const scheduler::EngineStats& stats);
+
+  // Requests seen whose final event has not come yet (tests, diagnostics).
+  size_t tracked_requests() const;
+
+ private:
+  struct RequestState {
+    bool prompt_counted = false;
+    bool ttft_observed = false;
+    int64_t last_token_nanos = 0;  // timings.last_token of the previous event
+    int32_t completion_tokens = 0; // counted so far into generation tokens
+  };
+  // An engine-cumulative figure exported as a counter.
+  struct DeltaCounter {
+    prometheus::Counter* counter = nullptr;
+    double last = 0;
+  };
+
+  void SetDelta(prometheus::Family<prometheus::Counter>& family, const std::string& key,
+                const std::map<std::string, std::string>& labels, double value);
+  prometheus::Gauge& TierGauge(prometheus::Family<prometheus::Gauge>& family, const std::string& tier);
+
+  const std::string model_name_;
+  std::shared_ptr<prometheus::Registry> registry_;
+
+  // Histograms.
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* itl_ = nullptr;
+  prometheus::Histogram* tpot_ = nullptr;
+  prometheus::Histogram* e2e_ = nullptr;
+  prometheus::Histogram* queue_ = nullptr;
+  prometheus::Histogram* prefill_ = nullptr;
+  prometheus::Histogram* decode_ = nullptr;
+  prometheus::Histogram* prompt_hist_ = nullptr;
+  prometheus::Histogram* generation_hist_ = nullptr;
+  // Counters fed by events.
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Counter* generation_tokens_ = nullptr;
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;  // {finish_reason}
+  prometheus::Family<prometheus::Counter>* errors_ = nullptr;    // {code}
+  // Gauges and counters fed by Render.
+  prometheus::Gauge* running_ = nullptr;
+  prometheus::Gauge* waiting_ = nullptr;
+  prometheus::Gauge* device_blocks_in_use_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* device_blocks_ = nullptr;  // {state}
+  prometheus::Family<prometheus::Gauge>* usage_ratio_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* used_bytes_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* capacity_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* cache_queries_ = nullptr;
+  prometheus::Family<prometheus::Counter>* cache_hits_ = nullptr;         // {tier}
+  prometheus::Family<prometheus::Counter>* preemptions_ = nullptr;
+  prometheus::Family<prometheus::Counter>* rejected_ = nullptr;
+  prometheus::Family<prometheus::Counter>* device_evictions_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tier_written_ = nullptr;       // {tier}
+  prometheus::Family<prometheus::Counter>* tier_read_ = nullptr;          // {tier}
+  prometheus::Family<prometheus::Counter>* tier_load_failures_ = nullptr; // {tier}
+  prometheus::Family<prometheus::Counter>* tier_write_failures_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tier_load_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tier_deferred_ = nullptr;
+
+  mutable std::mutex mu_;  // guards the maps below
+  std::unordered_map<uint64_t, RequestState> requests_state_;
+  std::map<std::string, DeltaCounter> deltas_;  // family key + labels → counter
+};
+
+}  // namespace strata::server

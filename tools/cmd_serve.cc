@@ -1,0 +1,309 @@
+// strata serve: the all-in-one server (DESIGN.md "Process roles"): HTTP
+// (OpenAI API, /metrics, /admin) and gRPC front ends over one continuous-
+// batching engine and the tiered KV cache.
+//
+// Start-up order: the HTTP server listens first (so /health answers 503
+// while the model loads), then the model, KV stack, engine and gRPC start,
+// then /health turns 200 and --port-file is written. SIGTERM or SIGINT:
+// /health 503, new requests 503, listeners close, in-flight requests get
+// --shutdown-grace-seconds to finish (then they are cancelled), the disk
+// tier's outstanding writes are drained, exit 0.
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/thread_pool.h"
+#include "kvcache/clock.h"
+#include "model/model_loader.h"
+#include "scheduler/engine.h"
+#include "server/admin_routes.h"
+#include "server/frontend.h"
+#include "server/grpc_service.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/openai_routes.h"
+#include "server/service.h"
+#include "tools/commands.h"
+#include "tools/kv_stack.h"
+
+namespace strata::cli {
+
+namespace {
+
+struct ServeFlags {
+  EngineFlags engine;
+  std::string model;
+  std::string served_model_name;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int grpc_port = 50051;  // -1 = no gRPC
+  std::string port_file;
+  std::string api_key;
+  std::string admin_token;
+  int max_num_seqs = 64;
+  int max_waiting = 1024;
+  int max_batch_tokens = 512;
+  int max_n = 16;
+  std::string max_body_bytes = "16M";
+  double shutdown_grace_seconds = 30;
+  int io_threads = 2;
+  std::string kv_default_cap = "4G";
+};
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "strata serve: %s\n", s.message().c_str());
+  return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// The server.* / engine.* keys `strata serve` reads (configs/strata.yaml).
+const std::vector<std::string>& ServeKeys() {
+  static const std::vector<std::string> keys = {
+      "server.host",          "server.port",           "server.grpc_port",          "server.api_key",
+      "server.admin_token",   "server.served_model_name", "server.max_body_bytes",  "server.io_threads",
+      "server.shutdown_grace_seconds", "server.max_n",  "engine.max_num_seqs",       "engine.max_waiting",
+      "engine.max_batch_tokens",
+  };
+  return keys;
+}
+
+// YAML values under the flags the user did not give.
+Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
+  if (f->engine.config_path.empty()) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(Config cfg, Config::LoadFile(f->engine.config_path));
+  auto unset = [&](const char* flag) { return cmd->count(flag) == 0; };
+  auto str = [&](const char* flag, const char* key, std::string* v) -> Status {
+    if (!unset(flag)) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(*v, cfg.GetString(key, *v));
+    return Status::Ok();
+  };
+  auto integer = [&](const char* flag, const char* key, int* v, int lo, int hi) -> Status {
+    if (!unset(flag)) return Status::Ok();
+    STRATA_ASSIGN_OR_RETURN(int64_t x, cfg.GetInt(key, *v));
+    if (x < lo || x > hi)
+      return Status::InvalidArgument(f->engine.config_path + ": " + key + " = " + std::to_string(x) +
+                                     " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    *v = static_cast<int>(x);
+    return Status::Ok();
+  };
+  STRATA_RETURN_IF_ERROR(str("--host", "server.host", &f->host));
+  STRATA_RETURN_IF_ERROR(integer("--port", "server.port", &f->port, 0, 65535));
+  STRATA_RETURN_IF_ERROR(integer("--grpc-port", "server.grpc_port", &f->grpc_port, -1, 65535));
+  STRATA_RETURN_IF_ERROR(str("--api-key", "server.api_key", &f->api_key));
+  STRATA_RETURN_IF_ERROR(str("--admin-token", "server.admin_token", &f->admin_token));
+  STRATA_RETURN_IF_ERROR(str("--served-model-name", "server.served_model_name", &f->served_model_name));
+  STRATA_RETURN_IF_ERROR(str("--max-body-bytes", "server.max_body_bytes", &f->max_body_bytes));
+  STRATA_RETURN_IF_ERROR(integer("--io-threads", "server.io_threads", &f->io_threads, 1, 256));
+  STRATA_RETURN_IF_ERROR(integer("--max-n", "server.max_n", &f->max_n, 1, 128));
+  STRATA_RETURN_IF_ERROR(integer("--max-num-seqs", "engine.max_num_seqs", &f->max_num_seqs, 1, 65536));
+  STRATA_RETURN_IF_ERROR(integer("--max-waiting", "engine.max_waiting", &f->max_waiting, 0, 1 << 24));
+  STRATA_RETURN_IF_ERROR(integer("--max-batch-tokens", "engine.max_batch_tokens", &f->max_batch_tokens, 1, 1 << 20));
+  if (unset("--shutdown-grace-seconds")) {
+    STRATA_ASSIGN_OR_RETURN(f->shutdown_grace_seconds,
+                            cfg.GetDouble("server.shutdown_grace_seconds", f->shutdown_grace_seconds));
+    if (f->shutdown_grace_seconds < 0)
+      return Status::InvalidArgument(f->engine.config_path + ": server.shutdown_grace_seconds must be >= 0");
+  }
+  return Status::Ok();
+}
+
+// Blocks SIGINT/SIGTERM in this thread and every thread it starts, so that
+// sigwait() in the main thread receives them.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+Status WritePortFile(const std::string& path, int http_port, int grpc_port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return Status::InvalidArgument("--port-file " + path + ": cannot write");
+    out << nlohmann::json{{"http", http_port}, {"grpc", grpc_port}, {"pid", static_cast<int>(getpid())}}.dump()
+        << "\n";
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Status::InvalidArgument("--port-file " + path + ": cannot rename into place");
+  return Status::Ok();
+}
+
+int Run(CLI::App* cmd, ServeFlags& f) {
+  const sigset_t signals = BlockShutdownSignals();
+  f.engine.extra_config_keys = ServeKeys();
+  std::string err;
+  if (!ResolveEngineFlags(cmd, &f.engine, &f.model, &err)) return Fail(Status::InvalidArgument(err));
+  if (Status s = ApplyServeConfig(cmd, &f); !s.ok()) return Fail(s);
+  auto body_limit = ParseByteSize(f.max_body_bytes);
+  if (!body_limit || *body_limit == 0)
+    return Fail(Status::InvalidArgument("--max-body-bytes (server.max_body_bytes): '" + f.max_body_bytes +
+                                        "' is not a positive size"));
+  auto kv_cap = ParseByteSize(f.kv_default_cap);
+  if (!kv_cap) return Fail(kv_cap.error());
+
+  // 1. HTTP first: /health says 503 while the model loads.
+  server::ServiceOptions so;
+  so.api_key = f.api_key;
+  so.admin_token = f.admin_token;
+  server::Service service(so);
+  server::HttpServerOptions ho;
+  ho.host = f.host;
+  ho.port = f.port;
+  ho.io_threads = f.io_threads;
+  ho.max_body_bytes = *body_limit;
+  auto http = server::HttpServer::Create(
+      ho, [&service](server::HttpRequest&& r, std::shared_ptr<server::ResponseWriter> w) {
+        service.Handle(std::move(r), std::move(w));
+      },
+      [&service](const server::AccessRecord& a) { service.OnAccess(a); });
+  if (!http) return Fail(http.error().WithContext("HTTP on " + f.host + ":" + std::to_string(f.port)));
+  (*http)->Start();
+  STRATA_LOG_INFO("HTTP listening on {}:{} (model loading)", f.host, (*http)->port());
+
+  // 2. Model, KV stack, engine.
+  if (f.model.empty()) {
+    auto p = EnsureDefaultModel();
+    if (!p) return Fail(p.error());
+    f.model = *p;
+  }
+  LoadOptions lo;
+  lo.chat_template = f.engine.chat_template;
+  auto loaded = LoadModel(f.model, lo);
+  if (!loaded) return Fail(loaded.error());
+  LoadedModel& m = **loaded;
+  const ModelConfig& c = m.weights.config;
+  const std::string name = f.served_model_name.empty() ? m.id : f.served_model_name;
+
+  ThreadPool pool(f.engine.threads);
+  KvOptions kv;
+  kv.block_size = f.engine.kv_block_size;
+  kv.dtype = *DTypeFromName(f.engine.kv_dtype);
+  const KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv.block_size, kv.dtype};
+  auto blocks = ServingDeviceBlocks(f.engine.kv, layout, c.context_length, f.max_num_seqs, *kv_cap);
+  if (!blocks) return Fail(blocks.error());
+  kv.num_blocks = *blocks;
+  std::vector<std::string> warnings;
+  if (Status s = kvcache::ValidateKvCacheConfig(f.engine.kv, layout.block_bytes() * static_cast<uint64_t>(kv.num_blocks),
+                                                &warnings);
+      !s.ok())
+    return Fail(s);
+  for (const auto& w : warnings) STRATA_LOG_WARN("{}", w);
+  auto fwd = ForwardEngine::Create(m.weights, kv, &pool);
+  if (!fwd) return Fail(fwd.error());
+  auto stack = OpenKvStack(f.engine.kv, m, **fwd, kvcache::RealClock());
+  if (!stack) return Fail(stack.error());
+  scheduler::ForwardEngineRunner runner(fwd->get());
+  scheduler::EngineOptions eo;
+  eo.max_running = f.max_num_seqs;
+  eo.max_waiting = f.max_waiting;
+  eo.max_batch_tokens = f.max_batch_tokens;
+  auto engine = scheduler::Engine::Create(eo, &runner, (*stack)->manager.get(), m.tokenizer.get(), kvcache::RealClock());
+  if (!engine) return Fail(engine.error());
+  (*engine)->Start();
+
+  server::ServerMetrics metrics(name, c.context_length);
+  server::FrontendOptions fo;
+  fo.served_model_name = name;
+  fo.max_n = f.max_n;
+  fo.observer = &metrics;
+  server::Frontend frontend(m, **engine, fo);
+  server::OpenAiRoutes openai(frontend);
+  server::AdminRoutes admin(frontend, f.admin_token);
+
+  std::unique_ptr<server::GrpcServer> grpc;
+  if (f.grpc_port >= 0) {
+    server::GrpcServerOptions go;
+    go.host = f.host;
+    go.port = f.grpc_port;
+    go.max_message_bytes = static_cast<int>(std::min<uint64_t>(*body_limit, 1u << 30));
+    auto g = server::GrpcServer::Create(go, frontend);
+    if (!g) {
+      (*engine)->Stop(0);
+      (*http)->Stop();
+      return Fail(g.error().WithContext("gRPC on " + f.host + ":" + std::to_string(f.grpc_port)));
+    }
+    grpc = std::move(*g);
+  }
+  service.SetBackend(&frontend, &openai, &admin, &metrics);
+  const int grpc_port = grpc ? grpc->port() : -1;
+  STRATA_LOG_INFO(
+      "serving model {} as '{}' ({}; {} layers, dim {}, context {}): HTTP {}:{}, gRPC {}, {} KV blocks of {} "
+      "tokens ({} MiB), {} threads, max {} running / {} waiting / {} tokens per step",
+      m.path, name, m.format, c.n_layers, c.dim, c.context_length, f.host, (*http)->port(),
+      grpc_port >= 0 ? f.host + ":" + std::to_string(grpc_port) : std::string("off"), kv.num_blocks, kv.block_size,
+      (layout.block_bytes() * static_cast<uint64_t>(kv.num_blocks)) >> 20, pool.num_threads(), eo.max_running,
+      eo.max_waiting, eo.max_batch_tokens);
+  if (!f.port_file.empty()) {
+    if (Status s = WritePortFile(f.port_file, (*http)->port(), grpc_port); !s.ok()) STRATA_LOG_ERROR("{}", s.message());
+  }
+
+  // 3. Wait for SIGTERM / SIGINT, then shut down gracefully.
+  int sig = 0;
+  sigwait(&signals, &sig);
+  STRATA_LOG_INFO("received {}: draining (grace {} s, {} requests unfinished)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                  f.shutdown_grace_seconds, (*engine)->num_unfinished());
+  service.SetDraining();
+  (*engine)->BeginDrain();
+  (*http)->StopAccepting();
+  if (grpc) grpc->Shutdown(f.shutdown_grace_seconds);
+  (*engine)->Stop(f.shutdown_grace_seconds);  // cancels what is left after the grace period
+  (*http)->Stop();
+  const kvcache::KvManagerStats ks = (*stack)->manager->stats();
+  stack->reset();  // drains the lower tiers' outstanding writes
+  STRATA_LOG_INFO("stopped: {} prefix-cache queries, {} device-hit tokens, {} lower-tier-hit tokens", ks.queries,
+                  ks.device.tokens, ks.lower.tokens);
+  return 0;
+}
+
+}  // namespace
+
+void RegisterServe(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand("serve", "serve a model over HTTP (OpenAI API) and gRPC");
+  cmd->add_option("--model", f->model, "GGUF file or Hugging Face directory (default: a synthetic model with random weights)");
+  cmd->add_option("--served-model-name", f->served_model_name,
+                  "model id in the API (default: the model file's base name without extension)");
+  cmd->add_option("--host", f->host, "address to bind (HTTP and gRPC)")->capture_default_str();
+  cmd->add_option("--port", f->port, "HTTP port (0 = any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--grpc-port", f->grpc_port, "gRPC port (0 = any free port, -1 = no gRPC)")
+      ->check(CLI::Range(-1, 65535))
+      ->capture_default_str();
+  cmd->add_option("--port-file", f->port_file, "write {\"http\": P, \"grpc\": G, \"pid\": N} here once serving");
+  cmd->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on the API (default: open)");
+  cmd->add_option("--admin-token", f->admin_token, "require 'Authorization: Bearer TOKEN' on /admin/ (default: open)");
+  cmd->add_option("--max-num-seqs", f->max_num_seqs, "sequences running at once")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  cmd->add_option("--max-waiting", f->max_waiting, "requests queued beyond the running ones; more get 429")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--max-batch-tokens", f->max_batch_tokens, "tokens per engine step (decode + prompt chunks)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-n", f->max_n, "largest n (choices per request)")->check(CLI::Range(1, 128))->capture_default_str();
+  cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest request body; larger get 413")->capture_default_str();
+  cmd->add_option("--shutdown-grace-seconds", f->shutdown_grace_seconds,
+                  "on SIGTERM, time in-flight requests get to finish before they are cancelled")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--io-threads", f->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--kv-default-device-cap", f->kv_default_cap,
+                  "without --kv-device-bytes: the device KV pool is max-num-seqs full contexts, at most this size")
+      ->capture_default_str();
+  AddEngineFlags(cmd, &f->engine);
+  cmd->callback([cmd, f, exit_code] { *exit_code = Run(cmd, *f); });
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,83 @@
+#include "tools/kv_stack.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kvcache/block_hash.h"
+
+namespace strata::cli {
+
+// Device blocks for the cached path: --kv-device-bytes, or enough for the
+// whole context (and at least this sequence).
+Result<int> DeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layout, int context_length, int total) {
+  const int bs = kv.block_size;
+  const int need = (total + bs - 1) / bs;
+  if (kv.device_bytes == 0) return std::max(need, (context_length + bs - 1) / bs);
+  const uint64_t blocks = kv.device_bytes / layout.block_bytes();
+  if (blocks < static_cast<uint64_t>(need))
+    return Status::InvalidArgument("--kv-device-bytes (kv.device_bytes) " + std::to_string(kv.device_bytes) +
+                                   " holds " + std::to_string(blocks) + " blocks of " +
+                                   std::to_string(layout.block_bytes()) + " bytes; this sequence needs " +
+                                   std::to_string(need));
+  return static_cast<int>(std::min<uint64_t>(blocks, 1u << 30));
+}
+
+Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
+                                             ForwardEngine& engine, kvcache::Clock* clock) {
+  auto stack = std::make_unique<KvStack>();
+  const uint64_t block_bytes = engine.kv_layout().block_bytes();
+  std::vector<kvcache::LowerTier> lowers;
+  if (kv.host_enabled()) {
+    STRATA_ASSIGN_OR_RETURN(stack->host, kvcache::HostStore::Create({kv.host_bytes, block_bytes, false}));
+    if (stack->host->num_slots() == 0)
+      return Status::InvalidArgument("--kv-host-bytes (kv.host_bytes) " + std::to_string(kv.host_bytes) +
+                                     " is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
+    lowers.push_back({stack->host.get(), kvcache::WritePolicy::kWriteThrough, 0, 0});
+  }
+  if (kv.disk_enabled()) {
+    if (block_bytes < 4096)
+      return Status::InvalidArgument("the disk KV tier (--kv-disk-path) needs blocks of at least 4096 bytes; this "
+                                     "model's blocks are " + std::to_string(block_bytes) +
+                                     " bytes: raise --kv-block-size or use a wider --kv-dtype");
+    kvcache::DiskStoreOptions d;
+    d.directory = kv.disk_path;
+    d.capacity_bytes = kv.disk_bytes;
+    d.block_bytes = block_bytes;
+    d.grow_bytes = std::min<uint64_t>(d.grow_bytes, kv.disk_bytes);
+    auto disk = kvcache::DiskStore::Open(d);
+    if (!disk) return disk.error().WithContext("--kv-disk-path " + kv.disk_path);
+    stack->disk = std::move(*disk);
+    lowers.push_back({stack->disk.get(), kvcache::WritePolicy::kWriteThrough, kv.disk_admit_after, 0});
+  }
+  kvcache::KvManagerOptions o;
+  o.block_size = kv.block_size;
+  o.num_device_blocks = engine.num_blocks();
+  o.block_bytes = block_bytes;
+  o.ns = kvcache::NamespaceDigest(m.weights.digest, m.weights.config.arch, kv.dtype, kv.block_size);
+  o.load_policy = kv.load_policy;
+  auto mem = [e = &engine](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
+  STRATA_ASSIGN_OR_RETURN(stack->manager,
+                          kvcache::KvManager::Create(o, mem, std::move(lowers), clock));
+  return stack;
+}
+
+Result<int> ServingDeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layout, int context_length,
+                                int max_seqs, uint64_t default_cap_bytes) {
+  const int bs = kv.block_size;
+  const int ctx_blocks = (context_length + bs - 1) / bs;
+  if (kv.device_bytes != 0) {
+    const uint64_t blocks = kv.device_bytes / layout.block_bytes();
+    if (blocks < static_cast<uint64_t>(ctx_blocks))
+      return Status::InvalidArgument("--kv-device-bytes (kv.device_bytes) " + std::to_string(kv.device_bytes) +
+                                     " holds " + std::to_string(blocks) + " blocks of " +
+                                     std::to_string(layout.block_bytes()) + " bytes; one full context of " +
+                                     std::to_string(context_length) + " tokens needs " + std::to_string(ctx_blocks));
+    return static_cast<int>(std::min<uint64_t>(blocks, 1u << 30));
+  }
+  const uint64_t want = static_cast<uint64_t>(ctx_blocks) * static_cast<uint64_t>(std::max(1, max_seqs));
+  const uint64_t cap = std::max<uint64_t>(ctx_blocks, default_cap_bytes / layout.block_bytes());
+  return static_cast<int>(std::min<uint64_t>(std::min(want, cap), 1u << 30));
+}
+
+}  // namespace strata::cli

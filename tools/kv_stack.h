@@ -1,0 +1,44 @@
+#pragma once
+// The KV cache stack behind a command that runs the model (generate, serve):
+// the device pool lives in the ForwardEngine; host and disk tiers as the
+// kv.* config enables them; the KvManager over all of them.
+
+#include <memory>
+
+#include "common/status.h"
+#include "kvcache/clock.h"
+#include "kvcache/disk_store.h"
+#include "kvcache/host_store.h"
+#include "kvcache/kv_config.h"
+#include "kvcache/kv_manager.h"
+#include "model/backend/kv_layout.h"
+#include "model/forward.h"
+#include "model/model_loader.h"
+
+namespace strata::cli {
+
+// The KV cache behind one generation: device pool in the engine, then the
+// host and disk tiers the config enables.
+struct KvStack {
+  std::unique_ptr<kvcache::HostStore> host;
+  std::unique_ptr<kvcache::DiskStore> disk;
+  std::unique_ptr<kvcache::KvManager> manager;  // destroyed first (drains the stores)
+  ~KvStack() { manager.reset(); }
+};
+
+// Device blocks for one sequence of `total` tokens: --kv-device-bytes, or
+// enough for the whole context (and at least this sequence).
+Result<int> DeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layout, int context_length, int total);
+
+// Device blocks for serving `max_seqs` sequences at once: --kv-device-bytes
+// when given (at least one full context), else max_seqs full contexts capped
+// at `default_cap_bytes` (and never under one context).
+Result<int> ServingDeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layout, int context_length,
+                                int max_seqs, uint64_t default_cap_bytes);
+
+// Opens the lower tiers the config enables and the manager over `engine`'s
+// blocks. Errors name the flag or key at fault.
+Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
+                                             ForwardEngine& engine, kvcache::Clock* clock);
+
+}  // namespace strata::cli
