@@ -124,10 +124,12 @@ void Engine::Cancel(RequestId id) {
   wake_.notify_one();
 }
 
-void Engine::Post(std::function<void(kvcache::KvManager&)> task) {
+bool Engine::Post(std::function<void(kvcache::KvManager&)> task) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return false;
   tasks_.push_back(std::move(task));
   wake_.notify_one();
+  return true;
 }
 
 void Engine::BeginDrain() {
@@ -496,6 +498,7 @@ void Engine::AbortAll(const Status& why) {
 void Engine::Stop(double grace_seconds) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
     draining_ = true;
   }
   using Wall = std::chrono::steady_clock;
@@ -520,6 +523,8 @@ void Engine::Stop(double grace_seconds) {
   }
   // This thread is now the only one stepping.
   AbortAll(Status::Unavailable("the server is shutting down"));
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
 }
 
 }  // namespace strata::scheduler

@@ -141,7 +141,7 @@ using OutputSink = std::function<void(RequestOutput&&)>;
 struct TierUsage {
   std::string name;             // "device", "host", "disk"
   uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;      // device: blocks in use or cached
+  uint64_t used_bytes = 0;      // device: blocks referenced by requests (cached free blocks count as free, as in vLLM)
   double usage_ratio = 0;       // used / capacity (0 when capacity 0)
 };
 
@@ -184,8 +184,9 @@ class Engine {
   void Cancel(RequestId id);
 
   // Runs `task` on the stepping thread before the next step (admin
-  // operations on the KV manager, which is not thread-safe).
-  void Post(std::function<void(kvcache::KvManager&)> task);
+  // operations on the KV manager, which is not thread-safe). False (and the
+  // task is dropped) once the engine is stopping: nobody would run it.
+  bool Post(std::function<void(kvcache::KvManager&)> task);
 
   // One iteration (see the top of this file). Returns true when it did work
   // (ran a batch, finished or admitted a request, ran a task), false when
@@ -199,6 +200,7 @@ class Engine {
   void BeginDrain();
   // Waits up to `grace_seconds` (wall clock) for unfinished requests, then
   // cancels the rest ("abort"), runs their final events and joins the loop.
+  // Later calls do nothing.
   void Stop(double grace_seconds = 0);
 
   // Submitted and not yet finished.
@@ -259,6 +261,7 @@ class Engine {
   int unfinished_ = 0;
   bool draining_ = false;
   bool stopping_ = false;
+  bool stopped_ = false;
   uint64_t next_id_ = 1;
   uint64_t rejected_ = 0;
   EngineStats stats_;

@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/logging.h"
 #include "server/openai_protocol.h"
@@ -23,10 +22,13 @@ void SendError(const std::shared_ptr<ResponseWriter>& w, const ApiError& e) {
   w->Send(e.http_status, kJson, e.ToBody());
 }
 
-void SendJson(const std::shared_ptr<ResponseWriter>& w, const json& j) { w->Send(200, kJson, Dump(j)); }
+void SendJson(const std::shared_ptr<ResponseWriter>& w, const json& j) {
+  w->Send(200, kJson, Dump(j));
+}
 
 ApiError MethodNotAllowed(const std::string& method, const std::string& path, const char* allowed) {
-  ApiError e = ApiError::BadRequest(method + " is not allowed on " + path + " (use " + allowed + ")");
+  ApiError e =
+      ApiError::BadRequest(method + " is not allowed on " + path + " (use " + allowed + ")");
   e.http_status = 405;
   e.code = "method_not_allowed";
   return e;
@@ -52,18 +54,17 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-json HitsJson(const kvcache::TierHits& h) { return json{{"blocks", h.blocks}, {"tokens", h.tokens}}; }
+json HitsJson(const kvcache::TierHits& h) {
+  return json{{"blocks", h.blocks}, {"tokens", h.tokens}};
+}
 
 }  // namespace
 
 json CacheStatsJson(const scheduler::EngineStats& s) {
   json j;
-  j["requests"] = {{"running", s.num_running},
-                   {"waiting", s.num_waiting},
-                   {"draining", s.draining},
-                   {"rejected_queue_full", s.rejected_queue_full},
-                   {"preemptions", s.preemptions},
-                   {"finished_by_reason", s.finished_by_reason}};
+  j["requests"] = {{"running", s.num_running},     {"waiting", s.num_waiting},
+                   {"draining", s.draining},       {"rejected_queue_full", s.rejected_queue_full},
+                   {"preemptions", s.preemptions}, {"finished_by_reason", s.finished_by_reason}};
   j["steps"] = s.steps;
   j["prompt_tokens"] = s.prompt_tokens;
   j["generation_tokens"] = s.generation_tokens;
@@ -75,12 +76,13 @@ json CacheStatsJson(const scheduler::EngineStats& s) {
                         {"indexed", pool.indexed},  {"evictions", pool.evictions}};
   uint64_t hit_tokens = kv.device.tokens;
   for (const auto& t : kv.tiers) hit_tokens += t.hits.tokens;
-  j["prefix_cache"] = {{"queries", kv.queries},
-                       {"query_tokens", kv.query_tokens},
-                       {"hit_tokens", hit_tokens},
-                       {"hit_ratio", kv.query_tokens == 0 ? 0.0
-                                                          : static_cast<double>(hit_tokens) /
-                                                                static_cast<double>(kv.query_tokens)}};
+  j["prefix_cache"] = {
+      {"queries", kv.queries},
+      {"query_tokens", kv.query_tokens},
+      {"hit_tokens", hit_tokens},
+      {"hit_ratio", kv.query_tokens == 0
+                        ? 0.0
+                        : static_cast<double>(hit_tokens) / static_cast<double>(kv.query_tokens)}};
   j["bytes_moved"] = {{"device_to_lower", kv.bytes_down}, {"lower_to_device", kv.bytes_up}};
   j["failures"] = {{"writes", kv.writes_failed}, {"loads", kv.loads_failed}};
 
@@ -126,9 +128,10 @@ bool AdminRoutes::Authorized(const HttpRequest& req) const {
 bool AdminRoutes::Handle(HttpRequest& req, const std::shared_ptr<ResponseWriter>& w) {
   if (req.path != "/admin" && req.path.rfind("/admin/", 0) != 0) return false;
   if (!Authorized(req)) {
-    SendError(w, ApiError::Unauthorized(req.header("authorization").empty()
-                                            ? "admin endpoints need 'Authorization: Bearer <admin token>'"
-                                            : "wrong admin token"));
+    SendError(
+        w, ApiError::Unauthorized(req.header("authorization").empty()
+                                      ? "admin endpoints need 'Authorization: Bearer <admin token>'"
+                                      : "wrong admin token"));
     return true;
   }
   if (req.path == "/admin/cache/stats") {
@@ -150,8 +153,9 @@ bool AdminRoutes::Handle(HttpRequest& req, const std::shared_ptr<ResponseWriter>
       Flush(req, w);
     }
   } else {
-    SendError(w, ApiError::NotFound("no admin route " + req.path +
-                                    " (there are /admin/cache/stats, /admin/cache/lookup, /admin/cache/flush)"));
+    SendError(w, ApiError::NotFound(
+                     "no admin route " + req.path +
+                     " (there are /admin/cache/stats, /admin/cache/lookup, /admin/cache/flush)"));
   }
   return true;
 }
@@ -167,17 +171,21 @@ void AdminRoutes::Lookup(const HttpRequest& req, const std::shared_ptr<ResponseW
   if (auto e = ParseObject(req.body, &body)) return SendError(w, *e);
   std::string salt;
   if (auto it = body.find("cache_salt"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) return SendError(w, ApiError::BadRequest("'cache_salt' must be a string", "cache_salt"));
+    if (!it->is_string())
+      return SendError(w, ApiError::BadRequest("'cache_salt' must be a string", "cache_salt"));
     salt = it->get<std::string>();
   }
   std::vector<int32_t> tokens;
   if (auto it = body.find("tokens"); it != body.end()) {
     if (body.contains("prompt") || body.contains("messages"))
-      return SendError(w, ApiError::BadRequest("give one of 'tokens', 'prompt' or 'messages'", "tokens"));
-    if (!it->is_array()) return SendError(w, ApiError::BadRequest("'tokens' must be an array of token ids", "tokens"));
+      return SendError(
+          w, ApiError::BadRequest("give one of 'tokens', 'prompt' or 'messages'", "tokens"));
+    if (!it->is_array())
+      return SendError(w, ApiError::BadRequest("'tokens' must be an array of token ids", "tokens"));
     for (const auto& t : *it) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-        return SendError(w, ApiError::BadRequest("'tokens' must hold non-negative integer token ids", "tokens"));
+        return SendError(
+            w, ApiError::BadRequest("'tokens' must hold non-negative integer token ids", "tokens"));
       tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
   } else {
@@ -194,12 +202,13 @@ void AdminRoutes::Lookup(const HttpRequest& req, const std::shared_ptr<ResponseW
 
   const std::vector<std::string> names = frontend_.engine().tier_names();
   const size_t prompt_tokens = tokens.size();
-  frontend_.engine().Post([w, names, tokens = std::move(tokens), salt = std::move(salt),
+  const bool posted = frontend_.engine().Post([w, names, tokens = std::move(tokens), salt = std::move(salt),
                            prompt_tokens](kvcache::KvManager& kv) {
     const kvcache::PrefixMatch m = kv.Match(tokens, salt);
     json by_tier = {{"device", m.device_tokens}, {"host", 0}, {"disk", 0}};
     for (size_t i = 0; i < m.lower_tier_tokens.size(); ++i) {
-      const std::string name = i + 1 < names.size() ? names[i + 1] : std::string(kv.tier_name(static_cast<int>(i + 1)));
+      const std::string name =
+          i + 1 < names.size() ? names[i + 1] : std::string(kv.tier_name(static_cast<int>(i + 1)));
       by_tier[name] = m.lower_tier_tokens[i];
     }
     const int bs = kv.options().block_size;
@@ -209,26 +218,31 @@ void AdminRoutes::Lookup(const HttpRequest& req, const std::shared_ptr<ResponseW
                      {"block_size", bs},
                      {"by_tier", by_tier}});
   });
+  if (!posted) SendError(w, ApiError::Unavailable("the engine is shutting down"));
 }
 
 void AdminRoutes::Flush(const HttpRequest& req, const std::shared_ptr<ResponseWriter>& w) {
   json body;
   if (auto e = ParseObject(req.body, &body)) return SendError(w, *e);
-  const std::vector<std::string> names = frontend_.engine().tier_names();  // "device", then lower tiers
+  const std::vector<std::string> names =
+      frontend_.engine().tier_names();  // "device", then lower tiers
   std::vector<bool> chosen(names.size(), true);
   if (auto it = body.find("tiers"); it != body.end() && !it->is_null()) {
     if (!it->is_array() || it->empty())
-      return SendError(w, ApiError::BadRequest("'tiers' must be a non-empty array of tier names", "tiers"));
+      return SendError(
+          w, ApiError::BadRequest("'tiers' must be a non-empty array of tier names", "tiers"));
     std::fill(chosen.begin(), chosen.end(), false);
     for (const auto& t : *it) {
-      auto pos = t.is_string() ? std::find(names.begin(), names.end(), t.get<std::string>()) : names.end();
+      auto pos =
+          t.is_string() ? std::find(names.begin(), names.end(), t.get<std::string>()) : names.end();
       if (pos == names.end()) {
         std::string known;
         for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-        return SendError(w, ApiError::BadRequest(
-                                "unknown tier " + (t.is_string() ? "'" + t.get<std::string>() + "'" : t.dump()) +
-                                    " (this server has: " + known + ")",
-                                "tiers"));
+        return SendError(
+            w, ApiError::BadRequest(
+                   "unknown tier " + (t.is_string() ? "'" + t.get<std::string>() + "'" : t.dump()) +
+                       " (this server has: " + known + ")",
+                   "tiers"));
       }
       chosen[static_cast<size_t>(pos - names.begin())] = true;
     }
@@ -236,12 +250,13 @@ void AdminRoutes::Flush(const HttpRequest& req, const std::shared_ptr<ResponseWr
   bool all_namespaces = false;
   if (auto it = body.find("all_namespaces"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean())
-      return SendError(w, ApiError::BadRequest("'all_namespaces' must be a boolean", "all_namespaces"));
+      return SendError(
+          w, ApiError::BadRequest("'all_namespaces' must be a boolean", "all_namespaces"));
     all_namespaces = it->get<bool>();
   }
   const bool device = !chosen.empty() && chosen[0];
   std::vector<bool> lower(chosen.begin() + (chosen.empty() ? 0 : 1), chosen.end());
-  frontend_.engine().Post([w, names, device, lower, all_namespaces](kvcache::KvManager& kv) {
+  const bool posted = frontend_.engine().Post([w, names, device, lower, all_namespaces](kvcache::KvManager& kv) {
     auto r = kv.Flush(device, lower, all_namespaces);
     if (!r.ok()) {
       STRATA_LOG_WARN("admin: cache flush failed: {}", r.error().ToString());
@@ -250,11 +265,14 @@ void AdminRoutes::Flush(const HttpRequest& req, const std::shared_ptr<ResponseWr
     json flushed = json::object();
     if (device) flushed["device"] = r->device_blocks;
     for (size_t i = 0; i < lower.size() && i < r->lower_blocks.size(); ++i)
-      if (lower[i]) flushed[i + 1 < names.size() ? names[i + 1] : std::string(kv.tier_name(static_cast<int>(i + 1)))] =
-          r->lower_blocks[i];
+      if (lower[i])
+        flushed[i + 1 < names.size() ? names[i + 1]
+                                     : std::string(kv.tier_name(static_cast<int>(i + 1)))] =
+            r->lower_blocks[i];
     STRATA_LOG_INFO("admin: cache flushed: {}", Dump(flushed));
     SendJson(w, json{{"flushed_blocks", flushed}, {"all_namespaces", all_namespaces}});
   });
+  if (!posted) SendError(w, ApiError::Unavailable("the engine is shutting down"));
 }
 
 }  // namespace strata::server

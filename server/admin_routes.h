@@ -28,9 +28,8 @@
 // Thread-safety: Handle may be called from any thread, concurrently.
 
 #include <memory>
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 #include "scheduler/engine.h"
 #include "server/frontend.h"

@@ -19,8 +19,8 @@ namespace {
 // starts every message with the field name ("top_p must be ...",
 // "logit_bias token id must be ...").
 std::string SamplingParam(const std::string& message) {
-  for (const char* f : {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                        "repetition_penalty", "logit_bias", "top_logprobs"}) {
+  for (const char* f : {"temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                        "frequency_penalty", "repetition_penalty", "logit_bias", "top_logprobs"}) {
     if (message.starts_with(f)) return f;
   }
   return {};
@@ -32,11 +32,13 @@ int32_t VocabLimit(const LoadedModel& m) {
   return std::min<int32_t>(m.tokenizer->vocab_size(), m.weights.config.vocab_size);
 }
 
-std::optional<ApiError> CheckIds(std::span<const int32_t> ids, int32_t vocab, const std::string& param) {
+std::optional<ApiError> CheckIds(std::span<const int32_t> ids, int32_t vocab,
+                                 const std::string& param) {
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab)
       return ApiError::BadRequest("token id " + std::to_string(id) + " in '" + param +
-                                      "' is outside the vocabulary [0, " + std::to_string(vocab) + ")",
+                                      "' is outside the vocabulary [0, " + std::to_string(vocab) +
+                                      ")",
                                   param);
   }
   return std::nullopt;
@@ -75,11 +77,12 @@ std::optional<ApiError> Frontend::Prepare(GenerationParams params, PreparedReque
   if (auto e = CheckModel(params.model, options_.served_model_name)) return e;
   params.model = options_.served_model_name;
   if (params.n < 1 || params.n > options_.max_n)
-    return ApiError::BadRequest(
-        "'n' must be in [1, " + std::to_string(options_.max_n) + "], got " + std::to_string(params.n), "n");
+    return ApiError::BadRequest("'n' must be in [1, " + std::to_string(options_.max_n) + "], got " +
+                                    std::to_string(params.n),
+                                "n");
   if (params.stop.size() > 4)
-    return ApiError::BadRequest("'stop' may have at most 4 strings, got " + std::to_string(params.stop.size()),
-                                "stop");
+    return ApiError::BadRequest(
+        "'stop' may have at most 4 strings, got " + std::to_string(params.stop.size()), "stop");
   if (Status s = ValidateSamplingParams(params.sampling, model_.weights.config.vocab_size); !s.ok())
     return ApiError::BadRequest(s.message(), SamplingParam(s.message()));
   const int32_t vocab = VocabLimit(model_);
@@ -91,7 +94,8 @@ std::optional<ApiError> Frontend::Prepare(GenerationParams params, PreparedReque
   std::string prompt_param;
   if (params.kind == ApiKind::kChat) {
     prompt_param = "messages";
-    if (params.messages.empty()) return ApiError::BadRequest("'messages' must not be empty", "messages");
+    if (params.messages.empty())
+      return ApiError::BadRequest("'messages' must not be empty", "messages");
     auto ids = TokenizeChat(model_, params.messages);
     if (!ids.ok()) return ApiError::BadRequest(ids.error().message(), "messages");
     prompt = std::move(ids).value();
@@ -100,7 +104,8 @@ std::optional<ApiError> Frontend::Prepare(GenerationParams params, PreparedReque
     ChatRenderOptions opt;
     if (tok.bos_id() >= 0) opt.bos_token = std::string(tok.Piece(tok.bos_id()));
     if (tok.eos_id() >= 0) opt.eos_token = std::string(tok.Piece(tok.eos_id()));
-    if (auto text = RenderChat(model_.chat_family, params.messages, opt); text.ok()) prompt_text = std::move(*text);
+    if (auto text = RenderChat(model_.chat_family, params.messages, opt); text.ok())
+      prompt_text = std::move(*text);
   } else if (params.prompt_is_ids) {
     prompt_param = "prompt";
     if (auto e = CheckIds(params.prompt_ids, vocab, "prompt")) return e;
@@ -119,19 +124,22 @@ std::optional<ApiError> Frontend::Prepare(GenerationParams params, PreparedReque
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
   // A max_tokens beyond the context is reported here so that the sum cannot
   // overflow int inside ResolveMaxTokens; the message matches its wording.
-  if (params.max_tokens && n_prompt < ctx && *params.max_tokens > ctx) {
-    return ApiError::BadRequest("the prompt has " + std::to_string(n_prompt) + " tokens and max_tokens is " +
-                                    std::to_string(*params.max_tokens) + ": together " +
-                                    std::to_string(n_prompt + *params.max_tokens) +
-                                    " exceed the model's context of " + std::to_string(ctx) + " tokens",
-                                "max_tokens");
+  if (params.max_tokens && n_prompt<ctx&& * params.max_tokens> ctx) {
+    return ApiError::BadRequest(
+        "the prompt has " + std::to_string(n_prompt) + " tokens and max_tokens is " +
+            std::to_string(*params.max_tokens) + ": together " +
+            std::to_string(n_prompt + *params.max_tokens) + " exceed the model's context of " +
+            std::to_string(ctx) + " tokens",
+        "max_tokens");
   }
-  auto resolved = ResolveMaxTokens(static_cast<int>(std::min<int64_t>(n_prompt, std::numeric_limits<int>::max())),
-                                   params.max_tokens.value_or(-1), ctx);
+  auto resolved = ResolveMaxTokens(
+      static_cast<int>(std::min<int64_t>(n_prompt, std::numeric_limits<int>::max())),
+      params.max_tokens.value_or(-1), ctx);
   if (!resolved.ok()) {
     // A prompt that fills the context is the prompt's fault; otherwise max_tokens'.
     const bool prompt_fault = n_prompt >= ctx || !params.max_tokens;
-    return ApiError::BadRequest(resolved.error().message(), prompt_fault ? prompt_param : "max_tokens");
+    return ApiError::BadRequest(resolved.error().message(),
+                                prompt_fault ? prompt_param : "max_tokens");
   }
 
   out->params = std::move(params);
@@ -156,7 +164,8 @@ struct StartGate {
 
 }  // namespace
 
-std::optional<ApiError> Frontend::Start(const PreparedRequest& request, EventFn on_event, std::shared_ptr<Call>* call) {
+std::optional<ApiError> Frontend::Start(const PreparedRequest& request, EventFn on_event,
+                                        std::shared_ptr<Call>* call) {
   const GenerationParams& p = request.params;
   auto gate = std::make_shared<StartGate>();
   gate->on_event = std::move(on_event);
@@ -206,8 +215,8 @@ std::optional<ApiError> Frontend::Start(const PreparedRequest& request, EventFn 
     }
     for (RequestId id : ids) engine_.Cancel(id);
     if (!ids.empty())
-      STRATA_LOG_DEBUG("frontend: choice {} of {} refused ({}); cancelled the {} submitted", ids.size(), p.n,
-                       error->message, ids.size());
+      STRATA_LOG_DEBUG("frontend: choice {} of {} refused ({}); cancelled the {} submitted",
+                       ids.size(), p.n, error->message, ids.size());
     return error;
   }
 
@@ -219,10 +228,12 @@ std::optional<ApiError> Frontend::Start(const PreparedRequest& request, EventFn 
   return std::nullopt;
 }
 
-std::optional<ApiError> Frontend::Tokenize(const GenerationParams& params, std::vector<int32_t>* tokens) const {
+std::optional<ApiError> Frontend::Tokenize(const GenerationParams& params,
+                                           std::vector<int32_t>* tokens) const {
   if (auto e = CheckModel(params.model, options_.served_model_name)) return e;
   if (params.kind == ApiKind::kChat) {
-    if (params.messages.empty()) return ApiError::BadRequest("'messages' must not be empty", "messages");
+    if (params.messages.empty())
+      return ApiError::BadRequest("'messages' must not be empty", "messages");
     auto ids = TokenizeChat(model_, params.messages);
     if (!ids.ok()) return ApiError::BadRequest(ids.error().message(), "messages");
     *tokens = std::move(ids).value();
@@ -235,11 +246,13 @@ std::optional<ApiError> Frontend::Tokenize(const GenerationParams& params, std::
   }
   *tokens = params.add_special_tokens.value_or(true)
                 ? TokenizePrompt(model_, params.prompt_text)
-                : model_.tokenizer->Encode(params.prompt_text, /*add_special=*/false, /*parse_special=*/true);
+                : model_.tokenizer->Encode(params.prompt_text, /*add_special=*/false,
+                                           /*parse_special=*/true);
   return std::nullopt;
 }
 
-std::optional<ApiError> Frontend::Detokenize(std::span<const int32_t> tokens, std::string* text) const {
+std::optional<ApiError> Frontend::Detokenize(std::span<const int32_t> tokens,
+                                             std::string* text) const {
   if (auto e = CheckIds(tokens, model_.tokenizer->vocab_size(), "tokens")) return e;
   *text = model_.tokenizer->Decode(tokens, /*skip_special=*/false);
   return std::nullopt;

@@ -68,7 +68,8 @@ class Frontend {
   scheduler::Engine& engine() const { return engine_; }
 
   // An empty model name means the served model. 404 for another model
-  // name; 400 for an empty prompt, token ids outside the vocabulary, a
+  // name; 400 for a prompt of no tokens (an empty string still gets BOS
+  // when the tokenizer adds one, as in vLLM), token ids outside the vocabulary, a
   // prompt that fills the context or prompt + max_tokens beyond it (the
   // message says both numbers), n outside [1, max_n], more than 4 stop
   // strings, and sampling values out of range (the message names the field,

@@ -1,5 +1,6 @@
 #include "server/grpc_service.h"
 
+#include <fmt/format.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -103,7 +104,7 @@ GenerationParams FromRequest(const pb::GenerateRequest& r) {
     p.prompt_is_ids = true;
     p.prompt_ids.assign(r.token_ids().ids().begin(), r.token_ids().ids().end());
   } else {
-    p.prompt_text = r.text();  // unset: "" (the frontend's empty-prompt error)
+    p.prompt_text = r.text();
   }
   FromSampling(r.sampling(), &p);
   p.cache_salt = r.cache_salt();
@@ -203,6 +204,9 @@ class GrpcService final : public pb::Strata::Service {
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
     CallLog log(ctx, "Generate", &next_id_);
     if (auto err = CheckBearer(ctx, options_.api_key, false)) return log.Done(ToGrpc(*err, ctx));
+    if (req->prompt_case() == pb::GenerateRequest::PROMPT_NOT_SET)
+      return log.Done(ToGrpc(
+          ApiError::BadRequest("'prompt' is required: set 'text' or 'token_ids'", "prompt"), ctx));
     return log.Done(Stream(ctx, FromRequest(*req), writer, &log));
   }
 
@@ -318,6 +322,7 @@ class GrpcService final : public pb::Strata::Service {
       int32_t prompt = 0, cached = 0;
       std::vector<int32_t> by_tier, completion;
       double ttft_ms = -1;
+      explicit Totals(CallLog* l) : log(l) {}
       int32_t completion_sum() const {
         int32_t sum = 0;
         for (int32_t c : completion) sum += c;
@@ -327,9 +332,9 @@ class GrpcService final : public pb::Strata::Service {
         log->Add("prompt_tokens", std::to_string(prompt));
         log->Add("cached_tokens", std::to_string(cached));
         log->Add("completion_tokens", std::to_string(completion_sum()));
-        if (ttft_ms >= 0) log->Add("ttft_ms", std::to_string(static_cast<int64_t>(ttft_ms)));
+        if (ttft_ms >= 0) log->Add("ttft_ms", fmt::format("{:.1f}", ttft_ms));
       }
-    } totals{log};
+    } totals(log);
     const int n = prepared.params.n;
     totals.completion.assign(static_cast<size_t>(n), 0);
 

@@ -9,6 +9,10 @@
 // "strata-error-type", "strata-error-param" (when set), "strata-error-code"
 // (when set) and "retry-after" (RESOURCE_EXHAUSTED, UNAVAILABLE).
 //
+// Every call gets a request id (the client's "x-request-id" metadata, else
+// generated), returned as initial metadata "x-request-id", and one access
+// log line (Health and CacheStats at debug level when they succeed).
+//
 // Streaming RPCs run on gRPC's synchronous server threads: each call's
 // thread waits on a queue that the engine thread fills through the
 // Frontend's event callback, and writes what arrives. A client that cancels

@@ -234,6 +234,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   State state_ = State::kReading;
   boost::beast::flat_buffer in_;
   bool read_pending_ = false;
+  bool peer_gone_ = false;  // read EOF while a write was in flight
   std::optional<http::request_parser<http::string_body>> parser_;
   bool request_started_ = false;
   bool header_checked_ = false;
@@ -274,6 +275,17 @@ class ServerImpl final : public HttpServer {
 
   const HttpServerOptions& options() const { return options_; }
   bool stopping() const { return stopping_.load(); }
+  // Requests read whose response has not completed (or been abandoned).
+  void ExchangeBegan() { exchanges_.fetch_add(1); }
+  void ExchangeEnded() { exchanges_.fetch_sub(1); }
+  bool WaitForResponses(double seconds) override {
+    const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    while (exchanges_.load() > 0) {
+      if (Clock::now() >= give_up) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+  }
   void CallHandler(HttpRequest&& request, std::shared_ptr<ResponseWriter> writer) {
     handler_(std::move(request), std::move(writer));
   }
@@ -309,6 +321,7 @@ class ServerImpl final : public HttpServer {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> accepting_{true};
   std::atomic<int> open_{0};
+  std::atomic<int> exchanges_{0};
   uint64_t next_id_ = 1;  // acceptor strand
   std::mutex conns_mu_;
   std::unordered_map<uint64_t, std::weak_ptr<Connection>> conns_;
@@ -482,7 +495,13 @@ void Connection::OnRead(error_code ec, size_t n) {
   read_pending_ = false;
   if (state_ == State::kClosed) return;
   if (ec) {
-    // EOF or reset: mid-response this is a client hang-up.
+    // EOF or reset: mid-response this is a client hang-up, unless the last
+    // bytes of the response are in a write whose completion is still queued
+    // (a Connection: close client reads the answer and closes at once).
+    if (state_ == State::kResponding && !inflight_.empty()) {
+      peer_gone_ = true;  // OnWrite decides
+      return;
+    }
     Close(state_ == State::kResponding);
     return;
   }
@@ -595,6 +614,7 @@ void Connection::Dispatch() {
   ex->remote = remote_;
   ex->start = request_start_;
   current_ = ex;
+  server_->ExchangeBegan();
   auto writer = std::make_shared<WriterHandle>(std::move(ex));
   try {
     server_->CallHandler(std::move(req), std::move(writer));
@@ -627,6 +647,7 @@ void Connection::RespondError(const ApiError& error) {
   ex->remote = remote_;
   ex->start = start;
   current_ = ex;
+  server_->ExchangeBegan();
   ex->Send(error.http_status, "application/json", error.ToBody(), {});
 }
 
@@ -681,6 +702,16 @@ void Connection::OnWrite(error_code ec, size_t n) {
   }
   if (current_) current_->bytes_out += n;
   inflight_.clear();
+  if (peer_gone_) {
+    bool complete = false;
+    {
+      std::lock_guard lock(out_mu_);
+      complete = out_pending_.empty() && out_last_;
+    }
+    if (complete) FinishExchange(/*client_closed=*/false);
+    Close(/*client_gone=*/!complete);
+    return;
+  }
   DoFlush();
 }
 
@@ -710,6 +741,7 @@ void Connection::FinishExchange(bool client_closed) {
   if (!current_) return;
   std::shared_ptr<Exchange> ex = std::move(current_);
   current_ = nullptr;
+  server_->ExchangeEnded();
   AccessRecord rec;
   ex->Detach(&rec.status, &rec.fields);
   rec.request_id = ex->request_id();

@@ -93,6 +93,11 @@ class HttpServer {
   virtual void Start() = 0;           // starts the I/O threads
   virtual int port() const = 0;       // the bound port
   virtual void StopAccepting() = 0;   // closes the listener; open connections go on
+  // Waits until every request read so far has its response completely
+  // written (or its client gone), at most `seconds`. False on timeout.
+  // Graceful shutdown calls it between the engine's stop and Stop(), so
+  // the last bytes of cancelled streams reach their clients.
+  virtual bool WaitForResponses(double seconds) = 0;
   virtual void Stop() = 0;            // closes everything and joins the threads
   virtual int open_connections() const = 0;
 };

@@ -1,15 +1,15 @@
 #include "server/metrics.h"
 
-#include <algorithm>
-#include <string>
-#include <utility>
-
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
 
 namespace strata::server {
 namespace {
@@ -20,14 +20,15 @@ using prometheus::BuildHistogram;
 using prometheus::Histogram;
 
 // vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards' quantiles line up.
-const Histogram::BucketBoundaries kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                                                  0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
-                                                  20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
-const Histogram::BucketBoundaries kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
-                                                 0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
-const Histogram::BucketBoundaries kRequestLatencyBuckets = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,
-                                                            5.0,  10.0, 15.0, 20.0,  30.0,  40.0,  50.0,
-                                                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const Histogram::BucketBoundaries kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                                 0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                                 7.5,  10.0,  20.0, 40.0,  80.0};
+const Histogram::BucketBoundaries kRequestLatencyBuckets = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 // 1, 2, 5, 10, 20, 50, ... up to and including the first value >= max (vLLM's
 // build_1_2_5_buckets stops at <= max; one more keeps max itself in a bucket).
@@ -60,56 +61,80 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
     return &BuildGauge().Name(name).Help(help).Labels(model).Register(r);
   };
 
-  ttft_ = hist("strata_time_to_first_token_seconds", "Time from arrival to the first generated token, in seconds.",
-               kTtftBuckets);
-  itl_ = hist("strata_inter_token_latency_seconds", "Time between successive generated tokens, in seconds.",
-              kItlBuckets);
+  ttft_ = hist("strata_time_to_first_token_seconds",
+               "Time from arrival to the first generated token, in seconds.", kTtftBuckets);
+  itl_ = hist("strata_inter_token_latency_seconds",
+              "Time between successive generated tokens, in seconds.", kItlBuckets);
   tpot_ = hist("strata_time_per_output_token_seconds",
-               "Per request: decode time divided by generated tokens after the first, in seconds.", kItlBuckets);
-  e2e_ = hist("strata_e2e_request_latency_seconds", "Time from arrival to the final event, in seconds.",
-              kRequestLatencyBuckets);
-  queue_ = hist("strata_request_queue_time_seconds", "Time from arrival to first admission, in seconds.",
-                kRequestLatencyBuckets);
-  prefill_ = hist("strata_request_prefill_time_seconds", "Time from first admission to the first token, in seconds.",
-                  kRequestLatencyBuckets);
-  decode_ = hist("strata_request_decode_time_seconds", "Time from the first token to the final event, in seconds.",
-                 kRequestLatencyBuckets);
+               "Per request: decode time divided by generated tokens after the first, in seconds.",
+               kItlBuckets);
+  e2e_ = hist("strata_e2e_request_latency_seconds",
+              "Time from arrival to the final event, in seconds.", kRequestLatencyBuckets);
+  queue_ = hist("strata_request_queue_time_seconds",
+                "Time from arrival to first admission, in seconds.", kRequestLatencyBuckets);
+  prefill_ =
+      hist("strata_request_prefill_time_seconds",
+           "Time from first admission to the first token, in seconds.", kRequestLatencyBuckets);
+  decode_ =
+      hist("strata_request_decode_time_seconds",
+           "Time from the first token to the final event, in seconds.", kRequestLatencyBuckets);
   prompt_hist_ = hist("strata_request_prompt_tokens", "Prompt tokens per finished request.",
                       Buckets125(max_model_len));
-  generation_hist_ = hist("strata_request_generation_tokens", "Generated tokens per finished request.",
-                          Buckets125(max_model_len));
+  generation_hist_ = hist("strata_request_generation_tokens",
+                          "Generated tokens per finished request.", Buckets125(max_model_len));
 
-  prompt_tokens_ = &counter_family("strata_prompt_tokens_total", "Prompt tokens of requests seen.")->Add({});
-  generation_tokens_ = &counter_family("strata_generation_tokens_total", "Tokens generated.")->Add({});
+  prompt_tokens_ =
+      &counter_family("strata_prompt_tokens_total", "Prompt tokens of requests seen.")->Add({});
+  generation_tokens_ =
+      &counter_family("strata_generation_tokens_total", "Tokens generated.")->Add({});
   requests_ = counter_family("strata_requests_total", "Finished engine requests by finish reason.");
-  errors_ = counter_family("strata_request_errors_total", "Responses with an error status, by HTTP status code.");
+  errors_ = counter_family("strata_request_errors_total",
+                           "Responses with an error status, by HTTP status code.");
 
-  running_ = &gauge_family("strata_num_requests_running", "Requests admitted (prefill, decode or loading).")->Add({});
-  waiting_ = &gauge_family("strata_num_requests_waiting", "Requests queued, not yet admitted.")->Add({});
+  running_ = &gauge_family("strata_num_requests_running",
+                           "Requests admitted (prefill, decode or loading).")
+                  ->Add({});
+  waiting_ =
+      &gauge_family("strata_num_requests_waiting", "Requests queued, not yet admitted.")->Add({});
   device_blocks_in_use_ =
-      &gauge_family("strata_kv_device_blocks_in_use", "Device KV blocks referenced by requests.")->Add({});
-  device_blocks_ = gauge_family("strata_kv_device_blocks", "Device KV blocks by state: in_use, cached, free.");
-  usage_ratio_ = gauge_family("strata_kv_cache_usage_ratio", "Used fraction of each KV tier's capacity (0 to 1).");
+      &gauge_family("strata_kv_device_blocks_in_use", "Device KV blocks referenced by requests.")
+           ->Add({});
+  device_blocks_ =
+      gauge_family("strata_kv_device_blocks", "Device KV blocks by state: in_use, cached, free.");
+  usage_ratio_ = gauge_family("strata_kv_cache_usage_ratio",
+                              "Used fraction of each KV tier's capacity (0 to 1).");
   used_bytes_ = gauge_family("strata_kv_cache_used_bytes", "Bytes held in each KV tier.");
-  capacity_bytes_ = gauge_family("strata_kv_cache_capacity_bytes", "Capacity of each KV tier in bytes.");
+  capacity_bytes_ =
+      gauge_family("strata_kv_cache_capacity_bytes", "Capacity of each KV tier in bytes.");
 
-  cache_queries_ = counter_family("strata_prefix_cache_queries_total",
-                                  "Prompt tokens of requests whose prefix was looked up in the KV cache.");
-  cache_hits_ = counter_family("strata_prefix_cache_hits_total",
-                               "Prompt tokens served from the KV cache, by the tier they came from.");
-  preemptions_ = counter_family("strata_num_preemptions_total", "Running requests preempted for lack of blocks.");
-  rejected_ = counter_family("strata_requests_rejected_total", "Submissions refused because the waiting queue was full.");
-  device_evictions_ = counter_family("strata_kv_device_evictions_total",
-                                     "Cached device blocks whose contents were dropped for reuse or by a flush.");
-  tier_written_ = counter_family("strata_kv_tier_bytes_written_total", "Bytes written from device to each lower tier.");
-  tier_read_ = counter_family("strata_kv_tier_bytes_read_total", "Bytes loaded from each lower tier into device.");
-  tier_load_failures_ = counter_family("strata_kv_tier_load_failures_total",
-                                       "Loads from each lower tier that failed (recomputed instead).");
-  tier_write_failures_ = counter_family("strata_kv_tier_write_failures_total", "Writes to each lower tier that failed.");
-  tier_load_seconds_ = counter_family("strata_kv_tier_load_seconds_total",
-                                      "Sum over loads from each lower tier of submit-to-completion time, in seconds.");
-  tier_deferred_ = counter_family("strata_kv_tier_admissions_deferred_total",
-                                  "Full blocks not written to each lower tier yet for lack of hits (admit_after).");
+  cache_queries_ =
+      counter_family("strata_prefix_cache_queries_total",
+                     "Prompt tokens of requests whose prefix was looked up in the KV cache.");
+  cache_hits_ =
+      counter_family("strata_prefix_cache_hits_total",
+                     "Prompt tokens served from the KV cache, by the tier they came from.");
+  preemptions_ = counter_family("strata_num_preemptions_total",
+                                "Running requests preempted for lack of blocks.");
+  rejected_ = counter_family("strata_requests_rejected_total",
+                             "Submissions refused because the waiting queue was full.");
+  device_evictions_ =
+      counter_family("strata_kv_device_evictions_total",
+                     "Cached device blocks whose contents were dropped for reuse or by a flush.");
+  tier_written_ = counter_family("strata_kv_tier_bytes_written_total",
+                                 "Bytes written from device to each lower tier.");
+  tier_read_ = counter_family("strata_kv_tier_bytes_read_total",
+                              "Bytes loaded from each lower tier into device.");
+  tier_load_failures_ =
+      counter_family("strata_kv_tier_load_failures_total",
+                     "Loads from each lower tier that failed (recomputed instead).");
+  tier_write_failures_ = counter_family("strata_kv_tier_write_failures_total",
+                                        "Writes to each lower tier that failed.");
+  tier_load_seconds_ = counter_family(
+      "strata_kv_tier_load_seconds_total",
+      "Sum over loads from each lower tier of submit-to-completion time, in seconds.");
+  tier_deferred_ = counter_family(
+      "strata_kv_tier_admissions_deferred_total",
+      "Full blocks not written to each lower tier yet for lack of hits (admit_after).");
 }
 
 ServerMetrics::~ServerMetrics() = default;
@@ -146,7 +171,8 @@ void ServerMetrics::OnEvent(const scheduler::RequestOutput& ev) {
   if (!ev.finished) return;
 
   requests_state_.erase(ev.id.value());
-  requests_->Add({{"finish_reason", ev.finish_reason.empty() ? "unknown" : ev.finish_reason}}).Increment();
+  requests_->Add({{"finish_reason", ev.finish_reason.empty() ? "unknown" : ev.finish_reason}})
+      .Increment();
   if (t.finished > 0 && t.finished >= t.arrival) e2e_->Observe(Seconds(t.finished - t.arrival));
   // Clock time 0 is a valid instant (virtual clocks), so "it ran" is judged
   // by what it produced where possible.
@@ -155,7 +181,8 @@ void ServerMetrics::OnEvent(const scheduler::RequestOutput& ev) {
   if (produced) {
     prefill_->Observe(t.prefill_seconds);
     decode_->Observe(t.decode_seconds);
-    if (ev.completion_tokens > 1) tpot_->Observe(t.decode_seconds / static_cast<double>(ev.completion_tokens - 1));
+    if (ev.completion_tokens > 1)
+      tpot_->Observe(t.decode_seconds / static_cast<double>(ev.completion_tokens - 1));
   }
   prompt_hist_->Observe(static_cast<double>(ev.prompt_tokens));
   generation_hist_->Observe(static_cast<double>(ev.completion_tokens));
@@ -171,7 +198,8 @@ size_t ServerMetrics::tracked_requests() const {
   return requests_state_.size();
 }
 
-void ServerMetrics::SetDelta(prometheus::Family<prometheus::Counter>& family, const std::string& key,
+void ServerMetrics::SetDelta(prometheus::Family<prometheus::Counter>& family,
+                             const std::string& key,
                              const std::map<std::string, std::string>& labels, double value) {
   std::string k = key;
   for (const auto& [name, v] : labels) k += "|" + name + "=" + v;
@@ -184,7 +212,8 @@ void ServerMetrics::SetDelta(prometheus::Family<prometheus::Counter>& family, co
   d.last = value;
 }
 
-prometheus::Gauge& ServerMetrics::TierGauge(prometheus::Family<prometheus::Gauge>& family, const std::string& tier) {
+prometheus::Gauge& ServerMetrics::TierGauge(prometheus::Family<prometheus::Gauge>& family,
+                                            const std::string& tier) {
   return family.Add({{"tier", tier}});
 }
 

@@ -69,8 +69,8 @@ class ServerMetrics final : public RequestObserver {
   struct RequestState {
     bool prompt_counted = false;
     bool ttft_observed = false;
-    int64_t last_token_nanos = 0;  // timings.last_token of the previous event
-    int32_t completion_tokens = 0; // counted so far into generation tokens
+    int64_t last_token_nanos = 0;   // timings.last_token of the previous event
+    int32_t completion_tokens = 0;  // counted so far into generation tokens
   };
   // An engine-cumulative figure exported as a counter.
   struct DeltaCounter {
@@ -80,7 +80,8 @@ class ServerMetrics final : public RequestObserver {
 
   void SetDelta(prometheus::Family<prometheus::Counter>& family, const std::string& key,
                 const std::map<std::string, std::string>& labels, double value);
-  prometheus::Gauge& TierGauge(prometheus::Family<prometheus::Gauge>& family, const std::string& tier);
+  prometheus::Gauge& TierGauge(prometheus::Family<prometheus::Gauge>& family,
+                               const std::string& tier);
 
   const std::string model_name_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -109,13 +110,13 @@ class ServerMetrics final : public RequestObserver {
   prometheus::Family<prometheus::Gauge>* used_bytes_ = nullptr;
   prometheus::Family<prometheus::Gauge>* capacity_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* cache_queries_ = nullptr;
-  prometheus::Family<prometheus::Counter>* cache_hits_ = nullptr;         // {tier}
+  prometheus::Family<prometheus::Counter>* cache_hits_ = nullptr;  // {tier}
   prometheus::Family<prometheus::Counter>* preemptions_ = nullptr;
   prometheus::Family<prometheus::Counter>* rejected_ = nullptr;
   prometheus::Family<prometheus::Counter>* device_evictions_ = nullptr;
-  prometheus::Family<prometheus::Counter>* tier_written_ = nullptr;       // {tier}
-  prometheus::Family<prometheus::Counter>* tier_read_ = nullptr;          // {tier}
-  prometheus::Family<prometheus::Counter>* tier_load_failures_ = nullptr; // {tier}
+  prometheus::Family<prometheus::Counter>* tier_written_ = nullptr;        // {tier}
+  prometheus::Family<prometheus::Counter>* tier_read_ = nullptr;           // {tier}
+  prometheus::Family<prometheus::Counter>* tier_load_failures_ = nullptr;  // {tier}
   prometheus::Family<prometheus::Counter>* tier_write_failures_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_load_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_deferred_ = nullptr;

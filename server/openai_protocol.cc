@@ -15,11 +15,11 @@ namespace {
 using json = nlohmann::json;
 
 // Early returns for the many small checks below.
-#define STRATA_RETURN_IF_API_ERROR(expr)     \
-  do {                                       \
-    if (auto strata_api_err_ = (expr)) {     \
-      return strata_api_err_;                \
-    }                                        \
+#define STRATA_RETURN_IF_API_ERROR(expr) \
+  do {                                   \
+    if (auto strata_api_err_ = (expr)) { \
+      return strata_api_err_;            \
+    }                                    \
   } while (0)
 
 using MaybeError = std::optional<ApiError>;
@@ -42,24 +42,34 @@ std::string Num(double v) {
 
 std::string TypeName(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::string: return "string";
-    case json::value_t::array: return "array";
-    case json::value_t::object: return "object";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "number";
-    default: return "value";
+    case json::value_t::number_unsigned:
+      return "integer";
+    case json::value_t::number_float:
+      return "number";
+    default:
+      return "value";
   }
 }
 
 ApiError TypeError(const std::string& field, std::string_view expected, const json& got) {
-  return ApiError::BadRequest("'" + field + "' must be " + std::string(expected) + ", got " + TypeName(got), field);
+  return ApiError::BadRequest(
+      "'" + field + "' must be " + std::string(expected) + ", got " + TypeName(got), field);
 }
 
 ApiError RangeError(const std::string& field, std::string_view range, double got) {
-  return ApiError::BadRequest("'" + field + "' must be " + std::string(range) + ", got " + Num(got), field);
+  return ApiError::BadRequest("'" + field + "' must be " + std::string(range) + ", got " + Num(got),
+                              field);
 }
 
 ApiError Unsupported(const std::string& field, std::string_view what = {}) {
@@ -176,26 +186,31 @@ int NestingDepth(std::string_view s, int limit) {
 
 MaybeError ParseBody(std::string_view body, json* out) {
   if (NestingDepth(body, kMaxDepth) > kMaxDepth)
-    return ApiError::BadRequest("Invalid JSON body: nested more than " + std::to_string(kMaxDepth) + " levels deep");
+    return ApiError::BadRequest("Invalid JSON body: nested more than " + std::to_string(kMaxDepth) +
+                                " levels deep");
   try {
     *out = json::parse(body.begin(), body.end());
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     // Drop nlohmann's "[json.exception.parse_error.101] " prefix.
-    if (auto p = what.find("] "); what.starts_with("[json.exception") && p != std::string::npos) what.erase(0, p + 2);
+    if (auto p = what.find("] "); what.starts_with("[json.exception") && p != std::string::npos)
+      what.erase(0, p + 2);
     // "; last read: '...'" quotes body bytes, which may be ill-formed UTF-8;
     // the byte position says where the problem is.
     if (auto p = what.find("; last read:"); p != std::string::npos) what.erase(p);
-    return ApiError::BadRequest("Invalid JSON body at byte " + std::to_string(e.byte) + ": " + what);
+    return ApiError::BadRequest("Invalid JSON body at byte " + std::to_string(e.byte) + ": " +
+                                what);
   }
   if (!out->is_object())
     return ApiError::BadRequest("The request body must be a JSON object, got " + TypeName(*out));
   return std::nullopt;
 }
 
-void LogUnknownFields(const json& obj, const std::unordered_set<std::string_view>& known, std::string_view api) {
+void LogUnknownFields(const json& obj, const std::unordered_set<std::string_view>& known,
+                      std::string_view api) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (!known.contains(it.key())) STRATA_LOG_DEBUG("{}: ignoring unknown request field '{}'", api, it.key());
+    if (!known.contains(it.key()))
+      STRATA_LOG_DEBUG("{}: ignoring unknown request field '{}'", api, it.key());
   }
 }
 
@@ -209,7 +224,8 @@ MaybeError CheckUnsupported(const json& j, ApiKind kind) {
   if (non_empty(Get(j, "functions"))) return Unsupported("functions", "function calling");
   if (const json* v = Get(j, "function_call"); v != nullptr && !(v->is_string() && *v == "none"))
     return Unsupported("function_call", "function calling; only \"none\" is accepted");
-  if (Get(j, "parallel_tool_calls") != nullptr) return Unsupported("parallel_tool_calls", "tool calling");
+  if (Get(j, "parallel_tool_calls") != nullptr)
+    return Unsupported("parallel_tool_calls", "tool calling");
   if (const json* v = Get(j, "response_format")) {
     const json* type = v->is_object() ? Get(*v, "type") : nullptr;
     if (type == nullptr || !type->is_string() || *type != "text")
@@ -228,7 +244,8 @@ MaybeError CheckUnsupported(const json& j, ApiKind kind) {
   if (Get(j, "reasoning_effort") != nullptr) return Unsupported("reasoning_effort");
   if (Get(j, "verbosity") != nullptr) return Unsupported("verbosity");
   if (kind == ApiKind::kCompletion) {
-    if (const json* v = Get(j, "suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
+    if (const json* v = Get(j, "suffix");
+        v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
       return Unsupported("suffix", "insertion");
   }
   return std::nullopt;
@@ -248,7 +265,8 @@ MaybeError ParseStop(const json& j, GenerationParams* p) {
     return TypeError("stop", "a string or an array of strings", *v);
   }
   if (p->stop.size() > kMaxStops)
-    return ApiError::BadRequest("'stop' may have at most 4 strings, got " + std::to_string(p->stop.size()), "stop");
+    return ApiError::BadRequest(
+        "'stop' may have at most 4 strings, got " + std::to_string(p->stop.size()), "stop");
   for (const std::string& s : p->stop) {
     if (s.empty()) return ApiError::BadRequest("'stop' strings must not be empty", "stop");
   }
@@ -264,13 +282,15 @@ MaybeError ParseLogitBias(const json& j, SamplingParams* s) {
     int32_t id = -1;
     auto [ptr, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
     if (ec != std::errc() || ptr != key.data() + key.size() || key.empty() || id < 0)
-      return ApiError::BadRequest("'logit_bias' keys must be token ids (non-negative integers), got \"" + key + "\"",
-                                  "logit_bias");
+      return ApiError::BadRequest(
+          "'logit_bias' keys must be token ids (non-negative integers), got \"" + key + "\"",
+          "logit_bias");
     if (!it->is_number()) return TypeError("logit_bias", "an object whose values are numbers", *it);
     double b = it->get<double>();
     if (!(std::isfinite(b) && b >= -100 && b <= 100))
-      return ApiError::BadRequest("'logit_bias' values must be in [-100, 100], got " + Num(b) + " for token " + key,
-                                  "logit_bias");
+      return ApiError::BadRequest(
+          "'logit_bias' values must be in [-100, 100], got " + Num(b) + " for token " + key,
+          "logit_bias");
     s->logit_bias.emplace_back(id, static_cast<float>(b));
   }
   return std::nullopt;
@@ -283,8 +303,8 @@ MaybeError ParseTokenIds(const json& arr, const std::string& field, std::vector<
     if (!t.is_number()) return TypeError(field, "an array of token ids (integers)", t);
     STRATA_RETURN_IF_API_ERROR(AsInt(t, field, &id));
     if (id < 0 || id > std::numeric_limits<int32_t>::max())
-      return ApiError::BadRequest("'" + field + "' has token id " + std::to_string(id) + ", which is out of range",
-                                  field);
+      return ApiError::BadRequest(
+          "'" + field + "' has token id " + std::to_string(id) + ", which is out of range", field);
     out->push_back(static_cast<int32_t>(id));
   }
   return std::nullopt;
@@ -299,13 +319,15 @@ MaybeError ParseCommon(const json& j, ApiKind kind, GenerationParams* p) {
   bool has_max = false, has_mct = false;
   int64_t max_tokens = 0, mct = 0;
   STRATA_RETURN_IF_API_ERROR(GetInt(j, "max_tokens", &max_tokens, &has_max));
-  if (has_max && max_tokens < 1) return RangeError("max_tokens", "at least 1", static_cast<double>(max_tokens));
+  if (has_max && max_tokens < 1)
+    return RangeError("max_tokens", "at least 1", static_cast<double>(max_tokens));
   STRATA_RETURN_IF_API_ERROR(GetInt(j, "max_completion_tokens", &mct, &has_mct));
   if (has_mct && mct < 1)
     return RangeError("max_completion_tokens", "at least 1", static_cast<double>(mct));
   if (has_max && has_mct && max_tokens != mct)
-    return ApiError::BadRequest("'max_tokens' (" + std::to_string(max_tokens) + ") and 'max_completion_tokens' (" +
-                                    std::to_string(mct) + ") disagree; give one of them",
+    return ApiError::BadRequest("'max_tokens' (" + std::to_string(max_tokens) +
+                                    ") and 'max_completion_tokens' (" + std::to_string(mct) +
+                                    ") disagree; give one of them",
                                 "max_completion_tokens");
   if (has_max || has_mct) {
     // Anything above INT_MAX exceeds every context; the Frontend reports it
@@ -324,14 +346,16 @@ MaybeError ParseCommon(const json& j, ApiKind kind, GenerationParams* p) {
   }
 
   SamplingParams& s = p->sampling;
-  STRATA_RETURN_IF_API_ERROR(GetRangedFloat(j, "temperature", 0, 2, false, "in [0, 2]", &s.temperature));
+  STRATA_RETURN_IF_API_ERROR(
+      GetRangedFloat(j, "temperature", 0, 2, false, "in [0, 2]", &s.temperature));
   STRATA_RETURN_IF_API_ERROR(GetRangedFloat(j, "top_p", 0, 1, true, "in (0, 1]", &s.top_p));
   STRATA_RETURN_IF_API_ERROR(GetRangedFloat(j, "min_p", 0, 1, false, "in [0, 1]", &s.min_p));
   STRATA_RETURN_IF_API_ERROR(
       GetRangedFloat(j, "presence_penalty", -2, 2, false, "in [-2, 2]", &s.presence_penalty));
   STRATA_RETURN_IF_API_ERROR(
       GetRangedFloat(j, "frequency_penalty", -2, 2, false, "in [-2, 2]", &s.frequency_penalty));
-  STRATA_RETURN_IF_API_ERROR(GetRangedFloat(j, "repetition_penalty", 0, std::numeric_limits<double>::max(), true,
+  STRATA_RETURN_IF_API_ERROR(GetRangedFloat(j, "repetition_penalty", 0,
+                                            std::numeric_limits<double>::max(), true,
                                             "greater than 0", &s.repetition_penalty));
   STRATA_RETURN_IF_API_ERROR(GetInt(j, "top_k", &v, &present));
   if (present) {
@@ -347,7 +371,8 @@ MaybeError ParseCommon(const json& j, ApiKind kind, GenerationParams* p) {
   STRATA_RETURN_IF_API_ERROR(GetBool(j, "stream", &p->stream));
   if (const json* so = Get(j, "stream_options")) {
     if (!p->stream)
-      return ApiError::BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options");
+      return ApiError::BadRequest("'stream_options' is only allowed when 'stream' is true",
+                                  "stream_options");
     if (!so->is_object()) return TypeError("stream_options", "an object", *so);
     bool include = false;
     if (const json* iu = Get(*so, "include_usage")) {
@@ -360,7 +385,8 @@ MaybeError ParseCommon(const json& j, ApiKind kind, GenerationParams* p) {
   STRATA_RETURN_IF_API_ERROR(GetString(j, "user", &p->user));
   STRATA_RETURN_IF_API_ERROR(GetString(j, "cache_salt", &p->cache_salt, &present));
   if (present && p->cache_salt.empty())
-    return ApiError::BadRequest("'cache_salt' must not be empty (leave it out for no salt)", "cache_salt");
+    return ApiError::BadRequest("'cache_salt' must not be empty (leave it out for no salt)",
+                                "cache_salt");
   STRATA_RETURN_IF_API_ERROR(GetInt(j, "priority", &v, &present));
   if (present) {
     if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
@@ -395,11 +421,12 @@ MaybeError ParseMessages(const json& j, std::vector<ChatMessage>* out) {
     cm.role = role->get<std::string>();
     if (cm.role == "developer") cm.role = "system";  // OpenAI's newer name for system
     if (cm.role == "tool" || cm.role == "function")
-      return ApiError::BadRequest("'" + at + ".role' \"" + cm.role + "\" is not supported (tool calling)",
-                                  at + ".role");
+      return ApiError::BadRequest(
+          "'" + at + ".role' \"" + cm.role + "\" is not supported (tool calling)", at + ".role");
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
       return ApiError::BadRequest(
-          "'" + at + ".role' must be one of system, developer, user, assistant; got \"" + cm.role + "\"",
+          "'" + at + ".role' must be one of system, developer, user, assistant; got \"" + cm.role +
+              "\"",
           at + ".role");
     if (const json* tc = Get(m, "tool_calls"); tc != nullptr && !(tc->is_array() && tc->empty()))
       return Unsupported(at + ".tool_calls", "tool calling");
@@ -424,14 +451,16 @@ MaybeError ParseMessages(const json& j, std::vector<ChatMessage>* out) {
         const std::string pat = at + ".content[" + std::to_string(k) + "]";
         if (!part.is_object()) return TypeError(pat, "an object", part);
         const json* type = Get(part, "type");
-        if (type == nullptr) return ApiError::BadRequest("'" + pat + ".type' is required", pat + ".type");
+        if (type == nullptr)
+          return ApiError::BadRequest("'" + pat + ".type' is required", pat + ".type");
         if (!type->is_string()) return TypeError(pat + ".type", "a string", *type);
         if (*type != "text")
           return ApiError::BadRequest("'" + pat + ".type' \"" + type->get<std::string>() +
                                           "\" is not supported; only \"text\" parts are",
                                       pat + ".type");
         const json* text = Get(part, "text");
-        if (text == nullptr) return ApiError::BadRequest("'" + pat + ".text' is required", pat + ".text");
+        if (text == nullptr)
+          return ApiError::BadRequest("'" + pat + ".text' is required", pat + ".text");
         if (!text->is_string()) return TypeError(pat + ".text", "a string", *text);
         if (!first) cm.content += '\n';
         cm.content += text->get<std::string>();
@@ -458,7 +487,8 @@ MaybeError ParsePrompt(const json& j, GenerationParams* p) {
   const json& first = v->front();
   if (first.is_string() || first.is_array()) {
     // A batch of prompts; only a batch of one is accepted.
-    if (v->size() > 1) return ApiError::BadRequest("batched prompts are not supported; send one prompt", "prompt");
+    if (v->size() > 1)
+      return ApiError::BadRequest("batched prompts are not supported; send one prompt", "prompt");
     if (first.is_string()) {
       p->prompt_text = first.get<std::string>();
       return std::nullopt;
@@ -473,13 +503,45 @@ MaybeError ParsePrompt(const json& j, GenerationParams* p) {
 }
 
 const std::unordered_set<std::string_view>& CommonKnown() {
-  static const std::unordered_set<std::string_view> k = {
-      "model", "max_tokens", "max_completion_tokens", "stop", "n", "temperature", "top_p", "min_p",
-      "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "seed", "logit_bias", "stream",
-      "stream_options", "user", "cache_salt", "priority", "ignore_eos", "stop_token_ids", "add_special_tokens",
-      "logprobs", "top_logprobs", "metadata", "store", "service_tier", "tools", "tool_choice", "functions",
-      "function_call", "parallel_tool_calls", "response_format", "audio", "modalities", "prediction",
-      "web_search_options", "reasoning_effort", "verbosity"};
+  static const std::unordered_set<std::string_view> k = {"model",
+                                                         "max_tokens",
+                                                         "max_completion_tokens",
+                                                         "stop",
+                                                         "n",
+                                                         "temperature",
+                                                         "top_p",
+                                                         "min_p",
+                                                         "presence_penalty",
+                                                         "frequency_penalty",
+                                                         "repetition_penalty",
+                                                         "top_k",
+                                                         "seed",
+                                                         "logit_bias",
+                                                         "stream",
+                                                         "stream_options",
+                                                         "user",
+                                                         "cache_salt",
+                                                         "priority",
+                                                         "ignore_eos",
+                                                         "stop_token_ids",
+                                                         "add_special_tokens",
+                                                         "logprobs",
+                                                         "top_logprobs",
+                                                         "metadata",
+                                                         "store",
+                                                         "service_tier",
+                                                         "tools",
+                                                         "tool_choice",
+                                                         "functions",
+                                                         "function_call",
+                                                         "parallel_tool_calls",
+                                                         "response_format",
+                                                         "audio",
+                                                         "modalities",
+                                                         "prediction",
+                                                         "web_search_options",
+                                                         "reasoning_effort",
+                                                         "verbosity"};
   return k;
 }
 
@@ -502,7 +564,8 @@ std::optional<ApiError> ParseChatRequest(std::string_view body, GenerationParams
   bool has_top = false;
   STRATA_RETURN_IF_API_ERROR(GetInt(j, "top_logprobs", &top, &has_top));
   if (has_top) {
-    if (top < 0 || top > kMaxChatTopLogprobs) return RangeError("top_logprobs", "in [0, 20]", static_cast<double>(top));
+    if (top < 0 || top > kMaxChatTopLogprobs)
+      return RangeError("top_logprobs", "in [0, 20]", static_cast<double>(top));
     if (top > 0 && !s.logprobs)
       return ApiError::BadRequest("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
     s.top_logprobs = static_cast<int>(top);
@@ -522,19 +585,21 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Generation
   STRATA_RETURN_IF_API_ERROR(GetInt(j, "logprobs", &lp, &has_lp));
   if (has_lp) {
     // The legacy API: logprobs = how many alternatives; 0 = the chosen token's only.
-    if (lp < 0 || lp > kMaxCompletionLogprobs) return RangeError("logprobs", "in [0, 5]", static_cast<double>(lp));
+    if (lp < 0 || lp > kMaxCompletionLogprobs)
+      return RangeError("logprobs", "in [0, 5]", static_cast<double>(lp));
     out->sampling.logprobs = true;
     out->sampling.top_logprobs = static_cast<int>(lp);
   }
   STRATA_RETURN_IF_API_ERROR(GetBool(j, "echo", &out->echo));
   if (out->echo && has_lp)
-    return ApiError::BadRequest("'echo' together with 'logprobs' is not supported (no prompt logprobs)", "echo");
+    return ApiError::BadRequest(
+        "'echo' together with 'logprobs' is not supported (no prompt logprobs)", "echo");
   int64_t best_of = 0;
   bool has_best_of = false;
   STRATA_RETURN_IF_API_ERROR(GetInt(j, "best_of", &best_of, &has_best_of));
   if (has_best_of && best_of != out->n)
-    return ApiError::BadRequest("'best_of' other than n is not supported (got best_of " + std::to_string(best_of) +
-                                    ", n " + std::to_string(out->n) + ")",
+    return ApiError::BadRequest("'best_of' other than n is not supported (got best_of " +
+                                    std::to_string(best_of) + ", n " + std::to_string(out->n) + ")",
                                 "best_of");
   static const std::unordered_set<std::string_view> known = [] {
     auto k = CommonKnown();
@@ -553,7 +618,8 @@ std::optional<ApiError> ParseTokenizeRequest(std::string_view body, GenerationPa
   const bool has_prompt = Get(j, "prompt") != nullptr;
   const bool has_messages = Get(j, "messages") != nullptr;
   if (has_prompt == has_messages)
-    return ApiError::BadRequest("give exactly one of 'prompt' or 'messages'", has_prompt ? "messages" : "prompt");
+    return ApiError::BadRequest("give exactly one of 'prompt' or 'messages'",
+                                has_prompt ? "messages" : "prompt");
   if (has_prompt) {
     STRATA_RETURN_IF_API_ERROR(GetString(j, "prompt", &out->prompt_text));
   } else {
@@ -596,9 +662,11 @@ json UsageJson(const Usage& u) {
                   {"remote", u.cached_remote}}}}}};
 }
 
-void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const std::string> tier_names, Usage* u) {
+void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const std::string> tier_names,
+                     Usage* u) {
   for (size_t i = 0; i < by_tier.size(); ++i) {
-    std::string_view name = i < tier_names.size() ? std::string_view(tier_names[i]) : std::string_view();
+    std::string_view name =
+        i < tier_names.size() ? std::string_view(tier_names[i]) : std::string_view();
     if (i == 0 || name == "device") {
       u->cached_device += by_tier[i];
     } else if (name == "host") {
@@ -644,8 +712,12 @@ json ChatLogprobsJson(std::span<const LogprobEntry> entries) {
   json content = json::array();
   for (const LogprobEntry& e : entries) {
     json top = json::array();
-    for (const auto& [tok, lp] : e.top) top.push_back({{"token", tok}, {"logprob", lp}, {"bytes", Bytes(tok)}});
-    content.push_back({{"token", e.token}, {"logprob", e.logprob}, {"bytes", Bytes(e.token)}, {"top_logprobs", top}});
+    for (const auto& [tok, lp] : e.top)
+      top.push_back({{"token", tok}, {"logprob", lp}, {"bytes", Bytes(tok)}});
+    content.push_back({{"token", e.token},
+                       {"logprob", e.logprob},
+                       {"bytes", Bytes(e.token)},
+                       {"top_logprobs", top}});
   }
   return json{{"content", content}};
 }
@@ -661,13 +733,17 @@ json CompletionLogprobsJson(std::span<const LogprobEntry> entries, int64_t text_
     offsets.push_back(text_offset);
     text_offset += static_cast<int64_t>(e.token.size());
   }
-  return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  return json{{"tokens", tokens},
+              {"token_logprobs", lps},
+              {"top_logprobs", tops},
+              {"text_offset", offsets}};
 }
 
 namespace {
 json FinishReason(const std::string& r) { return r.empty() ? json(nullptr) : json(r); }
 
-json Envelope(const std::string& id, const char* object, int64_t created, const std::string& model) {
+json Envelope(const std::string& id, const char* object, int64_t created,
+              const std::string& model) {
   return json{{"id", id}, {"object", object}, {"created", created}, {"model", model}};
 }
 }  // namespace
@@ -705,31 +781,37 @@ std::string CompletionBody(const std::string& id, int64_t created, const std::st
 std::string SseData(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
 std::string ChatChunk(const std::string& id, int64_t created, const std::string& model, int index,
-                      const std::optional<std::string>& role, const std::optional<std::string>& content,
-                      const json& logprobs, const std::string& finish_reason, bool with_usage_null) {
+                      const std::optional<std::string>& role,
+                      const std::optional<std::string>& content, const json& logprobs,
+                      const std::string& finish_reason, bool with_usage_null) {
   json j = Envelope(id, "chat.completion.chunk", created, model);
   json delta = json::object();
   if (role) delta["role"] = *role;
   if (content) delta["content"] = *content;
-  j["choices"] = json::array(
-      {{{"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", FinishReason(finish_reason)}}});
+  j["choices"] = json::array({{{"index", index},
+                               {"delta", delta},
+                               {"logprobs", logprobs},
+                               {"finish_reason", FinishReason(finish_reason)}}});
   if (with_usage_null) j["usage"] = nullptr;
   return SseData(j);
 }
 
-std::string CompletionChunk(const std::string& id, int64_t created, const std::string& model, int index,
-                            const std::string& text, const json& logprobs, const std::string& finish_reason,
-                            bool with_usage_null) {
+std::string CompletionChunk(const std::string& id, int64_t created, const std::string& model,
+                            int index, const std::string& text, const json& logprobs,
+                            const std::string& finish_reason, bool with_usage_null) {
   json j = Envelope(id, "text_completion", created, model);
-  j["choices"] = json::array(
-      {{{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", FinishReason(finish_reason)}}});
+  j["choices"] = json::array({{{"index", index},
+                               {"text", text},
+                               {"logprobs", logprobs},
+                               {"finish_reason", FinishReason(finish_reason)}}});
   if (with_usage_null) j["usage"] = nullptr;
   return SseData(j);
 }
 
-std::string UsageChunk(ApiKind kind, const std::string& id, int64_t created, const std::string& model,
-                       const Usage& usage) {
-  json j = Envelope(id, kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion", created, model);
+std::string UsageChunk(ApiKind kind, const std::string& id, int64_t created,
+                       const std::string& model, const Usage& usage) {
+  json j = Envelope(id, kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion",
+                    created, model);
   j["choices"] = json::array();
   j["usage"] = UsageJson(usage);
   return SseData(j);
@@ -738,3 +820,5 @@ std::string UsageChunk(ApiKind kind, const std::string& id, int64_t created, con
 std::string ErrorChunk(const ApiError& error) { return SseData(error.ToJson()); }
 
 }  // namespace strata::server
+
+#undef STRATA_RETURN_IF_API_ERROR

@@ -15,14 +15,13 @@
 // Thread-safety: pure functions.
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/sampler.h"
 #include "model/tokenizer/tokenizer.h"
@@ -58,7 +57,8 @@ nlohmann::json UsageJson(const Usage& usage);
 // Adds engine cached-token counts by tier (index 0 device, then lower tiers,
 // named by `tier_names`) into `usage`'s tier fields; an unknown name counts
 // as "remote".
-void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const std::string> tier_names, Usage* usage);
+void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const std::string> tier_names,
+                     Usage* usage);
 
 // One generated token with its logprob and the top alternatives, as text.
 struct LogprobEntry {
@@ -100,14 +100,15 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // `finish_reason` empty = null. `with_usage_null` adds "usage": null (what
 // OpenAI sends on every chunk when include_usage is set).
 std::string ChatChunk(const std::string& id, int64_t created, const std::string& model, int index,
-                      const std::optional<std::string>& role, const std::optional<std::string>& content,
-                      const nlohmann::json& logprobs, const std::string& finish_reason, bool with_usage_null);
-std::string CompletionChunk(const std::string& id, int64_t created, const std::string& model, int index,
-                            const std::string& text, const nlohmann::json& logprobs,
+                      const std::optional<std::string>& role,
+                      const std::optional<std::string>& content, const nlohmann::json& logprobs,
+                      const std::string& finish_reason, bool with_usage_null);
+std::string CompletionChunk(const std::string& id, int64_t created, const std::string& model,
+                            int index, const std::string& text, const nlohmann::json& logprobs,
                             const std::string& finish_reason, bool with_usage_null);
 // The last chunk when include_usage: "choices": [] and the usage.
-std::string UsageChunk(ApiKind kind, const std::string& id, int64_t created, const std::string& model,
-                       const Usage& usage);
+std::string UsageChunk(ApiKind kind, const std::string& id, int64_t created,
+                       const std::string& model, const Usage& usage);
 // An error in the middle of a stream: data: {"error": {...}}.
 std::string ErrorChunk(const ApiError& error);
 

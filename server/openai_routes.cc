@@ -2,11 +2,10 @@
 
 #include <chrono>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/logging.h"
 #include "server/openai_protocol.h"
@@ -20,11 +19,14 @@ using json = nlohmann::json;
 constexpr const char* kJson = "application/json";
 
 int64_t NowUnixSeconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-void SendJson(ResponseWriter& w, int status, const json& body) { w.Send(status, kJson, Dump(body)); }
+void SendJson(ResponseWriter& w, int status, const json& body) {
+  w.Send(status, kJson, Dump(body));
+}
 
 ApiError MethodNotAllowed(const std::string& method, const std::string& path) {
   ApiError e;
@@ -40,8 +42,8 @@ ApiError MethodNotAllowed(const std::string& method, const std::string& path) {
 // serializes them); OnClose on an I/O thread.
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
-  Generation(const Frontend& fe, std::shared_ptr<ResponseWriter> w, PreparedRequest req, std::string id,
-             int64_t created)
+  Generation(const Frontend& fe, std::shared_ptr<ResponseWriter> w, PreparedRequest req,
+             std::string id, int64_t created)
       : fe_(fe), w_(std::move(w)), req_(std::move(req)), id_(std::move(id)), created_(created) {
     choices_.resize(static_cast<size_t>(req_.params.n));
     unfinished_ = req_.params.n;
@@ -91,13 +93,15 @@ class Generation : public std::enable_shared_from_this<Generation> {
     std::vector<SampleResult> samples;
     std::string finish_reason;
     bool finished = false;
-    bool sent_first = false;   // streaming: role (chat) / echo (completions) chunk written
-    int64_t text_offset = 0;   // completions logprobs: bytes returned so far
+    bool sent_first = false;  // streaming: role (chat) / echo (completions) chunk written
+    int64_t text_offset = 0;  // completions logprobs: bytes returned so far
     int32_t completion_tokens = 0;
   };
 
   bool chat() const { return req_.params.kind == ApiKind::kChat; }
-  bool want_logprobs() const { return req_.params.sampling.logprobs || req_.params.sampling.top_logprobs > 0; }
+  bool want_logprobs() const {
+    return req_.params.sampling.logprobs || req_.params.sampling.top_logprobs > 0;
+  }
 
   // Returns true when the remaining choices must be cancelled. mu_ held.
   bool HandleEvent(int index, scheduler::RequestOutput&& ev) {
@@ -121,7 +125,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
       Fail(ev);
       return true;
     }
-    return req_.params.stream ? StreamEvent(index, c, std::move(ev)) : CollectEvent(c, std::move(ev));
+    return req_.params.stream ? StreamEvent(index, c, std::move(ev))
+                              : CollectEvent(c, std::move(ev));
   }
 
   // A choice ended with "error" or "abort": the whole response fails.
@@ -132,8 +137,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
     if (w_->closed()) return;  // the client left (that is what cancelled it)
     ApiError e = ev.finish_reason == "error"
                      ? ApiError::Internal("generation failed: " + ev.status.message())
-                     : ApiError::Unavailable("the request was aborted: " +
-                                             (ev.status.ok() ? std::string("cancelled") : ev.status.message()));
+                     : ApiError::Unavailable(
+                           "the request was aborted: " +
+                           (ev.status.ok() ? std::string("cancelled") : ev.status.message()));
     if (!stream_started_) {
       SendApiError(*w_, e);
       return;
@@ -165,7 +171,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
       o.text = echo ? req_.prompt_text + ch.text : std::move(ch.text);
       if (want_logprobs()) {
         auto entries = RenderLogprobs(*fe_.model().tokenizer, ch.ids, ch.samples);
-        o.logprobs = chat() ? ChatLogprobsJson(entries) : CompletionLogprobsJson(entries, ch.text_offset);
+        o.logprobs =
+            chat() ? ChatLogprobsJson(entries) : CompletionLogprobsJson(entries, ch.text_offset);
       }
       out.push_back(std::move(o));
     }
@@ -193,9 +200,11 @@ class Generation : public std::enable_shared_from_this<Generation> {
     if (!c.sent_first) {
       c.sent_first = true;
       if (chat()) {
-        write(ChatChunk(id_, created_, model, index, std::string("assistant"), std::string(), nullptr, "", usage_null));
+        write(ChatChunk(id_, created_, model, index, std::string("assistant"), std::string(),
+                        nullptr, "", usage_null));
       } else if (req_.params.echo) {
-        write(CompletionChunk(id_, created_, model, index, req_.prompt_text, nullptr, "", usage_null));
+        write(CompletionChunk(id_, created_, model, index, req_.prompt_text, nullptr, "",
+                              usage_null));
       }
     }
     const bool lp = want_logprobs() && !ev.token_ids.empty();
@@ -207,23 +216,28 @@ class Generation : public std::enable_shared_from_this<Generation> {
           logprobs = ChatLogprobsJson(entries);
         } else {
           logprobs = CompletionLogprobsJson(entries, c.text_offset);
-          for (const LogprobEntry& e : entries) c.text_offset += static_cast<int64_t>(e.token.size());
+          for (const LogprobEntry& e : entries)
+            c.text_offset += static_cast<int64_t>(e.token.size());
         }
       }
-      write(chat() ? ChatChunk(id_, created_, model, index, std::nullopt, ev.text, logprobs, "", usage_null)
-                   : CompletionChunk(id_, created_, model, index, ev.text, logprobs, "", usage_null));
+      write(chat()
+                ? ChatChunk(id_, created_, model, index, std::nullopt, ev.text, logprobs, "",
+                            usage_null)
+                : CompletionChunk(id_, created_, model, index, ev.text, logprobs, "", usage_null));
     }
     if (ev.finished) {
       c.finished = true;
       c.finish_reason = ev.finish_reason;
-      write(chat() ? ChatChunk(id_, created_, model, index, std::nullopt, std::nullopt, nullptr, ev.finish_reason,
-                               usage_null)
-                   : CompletionChunk(id_, created_, model, index, "", nullptr, ev.finish_reason, usage_null));
+      write(chat() ? ChatChunk(id_, created_, model, index, std::nullopt, std::nullopt, nullptr,
+                               ev.finish_reason, usage_null)
+                   : CompletionChunk(id_, created_, model, index, "", nullptr, ev.finish_reason,
+                                     usage_null));
       if (--unfinished_ == 0) {
         done_ = true;
         finish_reason_ = choices_[0].finish_reason;
         LogFields();
-        if (req_.params.include_usage) write(UsageChunk(req_.params.kind, id_, created_, model, MakeUsage()));
+        if (req_.params.include_usage)
+          write(UsageChunk(req_.params.kind, id_, created_, model, MakeUsage()));
         write(std::string(kSseDone));
         w_->End();
         return false;
@@ -289,7 +303,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
 void SendApiError(ResponseWriter& w, const ApiError& error) {
   HeaderList headers;
-  if (error.http_status == 429 || error.http_status == 503) headers.emplace_back("retry-after", "1");
+  if (error.http_status == 429 || error.http_status == 503)
+    headers.emplace_back("retry-after", "1");
   w.AddLogField("error", error.type);
   w.Send(error.http_status, kJson, error.ToBody(), std::move(headers));
 }
@@ -321,10 +336,11 @@ bool OpenAiRoutes::Handle(HttpRequest& req, const std::shared_ptr<ResponseWriter
   return true;
 }
 
-void OpenAiRoutes::Generate(HttpRequest& req, const std::shared_ptr<ResponseWriter>& w, ApiKind kind) {
+void OpenAiRoutes::Generate(HttpRequest& req, const std::shared_ptr<ResponseWriter>& w,
+                            ApiKind kind) {
   GenerationParams params;
-  std::optional<ApiError> err =
-      kind == ApiKind::kChat ? ParseChatRequest(req.body, &params) : ParseCompletionRequest(req.body, &params);
+  std::optional<ApiError> err = kind == ApiKind::kChat ? ParseChatRequest(req.body, &params)
+                                                       : ParseCompletionRequest(req.body, &params);
   if (err) return SendApiError(*w, *err);
   PreparedRequest prepared;
   if ((err = frontend_.Prepare(std::move(params), &prepared))) return SendApiError(*w, *err);
@@ -337,7 +353,9 @@ void OpenAiRoutes::Generate(HttpRequest& req, const std::shared_ptr<ResponseWrit
   });
   std::shared_ptr<Call> call;
   err = frontend_.Start(
-      prepared, [gen](int choice, scheduler::RequestOutput&& ev) { gen->OnEvent(choice, std::move(ev)); }, &call);
+      prepared,
+      [gen](int choice, scheduler::RequestOutput&& ev) { gen->OnEvent(choice, std::move(ev)); },
+      &call);
   if (err) return SendApiError(*w, *err);
   gen->SetCall(std::move(call));
 }
@@ -349,9 +367,11 @@ void OpenAiRoutes::Models(const HttpRequest& req, const std::shared_ptr<Response
                {"created", created_},
                {"owned_by", "strata"},
                {"max_model_len", frontend_.context_length()}};
-  if (req.path == "/v1/models") return SendJson(*w, 200, json{{"object", "list"}, {"data", json::array({card})}});
+  if (req.path == "/v1/models")
+    return SendJson(*w, 200, json{{"object", "list"}, {"data", json::array({card})}});
   std::string id = req.path.substr(std::string_view("/v1/models/").size());
-  if (id != name) return SendApiError(*w, ApiError::NotFound("The model `" + id + "` does not exist.", "model"));
+  if (id != name)
+    return SendApiError(*w, ApiError::NotFound("The model `" + id + "` does not exist.", "model"));
   SendJson(*w, 200, card);
 }
 
@@ -361,7 +381,10 @@ void OpenAiRoutes::Tokenize(const HttpRequest& req, const std::shared_ptr<Respon
   std::vector<int32_t> tokens;
   if (auto err = frontend_.Tokenize(params, &tokens)) return SendApiError(*w, *err);
   const size_t count = tokens.size();
-  SendJson(*w, 200, json{{"tokens", std::move(tokens)}, {"count", count}, {"max_model_len", frontend_.context_length()}});
+  SendJson(*w, 200,
+           json{{"tokens", std::move(tokens)},
+                {"count", count},
+                {"max_model_len", frontend_.context_length()}});
 }
 
 void OpenAiRoutes::Detokenize(const HttpRequest& req, const std::shared_ptr<ResponseWriter>& w) {
@@ -369,7 +392,8 @@ void OpenAiRoutes::Detokenize(const HttpRequest& req, const std::shared_ptr<Resp
   std::vector<int32_t> tokens;
   if (auto err = ParseDetokenizeRequest(req.body, &model, &tokens)) return SendApiError(*w, *err);
   if (!model.empty() && model != frontend_.model_name())
-    return SendApiError(*w, ApiError::NotFound("The model `" + model + "` does not exist.", "model"));
+    return SendApiError(*w,
+                        ApiError::NotFound("The model `" + model + "` does not exist.", "model"));
   std::string text;
   if (auto err = frontend_.Detokenize(tokens, &text)) return SendApiError(*w, *err);
   SendJson(*w, 200, json{{"prompt", text}});

@@ -98,6 +98,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   kernels->add_flag("--json", f->json, "print one JSON object");
   kernels->callback([f, exit_code] { *exit_code = RunKernels(*f); });
+
+  RegisterBenchSimulate(bench, exit_code);
 }
 
 }  // namespace strata::cli

@@ -4,13 +4,12 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "server/http_client.h"
 #include "tools/commands.h"
@@ -65,20 +64,22 @@ bool Call(const CacheFlags& f, const char* cmd, const std::string& method, const
   if (!f.admin_token.empty()) headers.emplace_back("Authorization", "Bearer " + f.admin_token);
   auto r = server::HttpCall(url->host, url->port, method, path, body, headers, f.timeout_seconds);
   if (!r.ok()) {
-    std::fprintf(stderr, "strata cache %s: %s: %s\n", cmd, f.url.c_str(), r.error().message().c_str());
+    std::fprintf(stderr, "strata cache %s: %s: %s\n", cmd, f.url.c_str(),
+                 r.error().message().c_str());
     return false;
   }
   json j = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
   if (r->status != 200) {
     std::string msg = r->body;
-    if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
-        j["error"]["message"].is_string())
+    if (j.is_object() && j.contains("error") && j["error"].is_object() &&
+        j["error"].contains("message") && j["error"]["message"].is_string())
       msg = j["error"]["message"].get<std::string>();
     std::fprintf(stderr, "strata cache %s: HTTP %d: %s\n", cmd, r->status, msg.c_str());
     return false;
   }
   if (j.is_discarded() || !j.is_object()) {
-    std::fprintf(stderr, "strata cache %s: the server's answer is not a JSON object: %s\n", cmd, r->body.c_str());
+    std::fprintf(stderr, "strata cache %s: the server's answer is not a JSON object: %s\n", cmd,
+                 r->body.c_str());
     return false;
   }
   *out = std::move(j);
@@ -87,33 +88,38 @@ bool Call(const CacheFlags& f, const char* cmd, const std::string& method, const
 
 void PrintStats(const json& j) {
   const json& req = j.value("requests", json::object());
-  std::printf("model %s: %.0f running, %.0f waiting, %.0f preemptions, %.0f rejected (queue full)\n",
-              j.value("model", std::string("?")).c_str(), Num(req, "running"), Num(req, "waiting"),
-              Num(req, "preemptions"), Num(req, "rejected_queue_full"));
+  std::printf(
+      "model %s: %.0f running, %.0f waiting, %.0f preemptions, %.0f rejected (queue full)\n",
+      j.value("model", std::string("?")).c_str(), Num(req, "running"), Num(req, "waiting"),
+      Num(req, "preemptions"), Num(req, "rejected_queue_full"));
   const json& pc = j.value("prefix_cache", json::object());
-  std::printf("prefix cache: %.0f lookups over %.0f prompt tokens, %.0f tokens hit (%.1f%%)\n", Num(pc, "queries"),
-              Num(pc, "query_tokens"), Num(pc, "hit_tokens"), 100.0 * Num(pc, "hit_ratio"));
-  std::printf("\n%-8s %12s %12s %7s %12s %12s %12s %10s\n", "tier", "capacity", "used", "usage", "hit tokens",
-              "written", "read", "load fails");
+  std::printf("prefix cache: %.0f lookups over %.0f prompt tokens, %.0f tokens hit (%.1f%%)\n",
+              Num(pc, "queries"), Num(pc, "query_tokens"), Num(pc, "hit_tokens"),
+              100.0 * Num(pc, "hit_ratio"));
+  std::printf("\n%-8s %12s %12s %7s %12s %12s %12s %10s\n", "tier", "capacity", "used", "usage",
+              "hit tokens", "written", "read", "load fails");
   for (const json& t : j.value("tiers", json::array())) {
     const bool device = t.value("name", std::string()) == "device";
     const json& hits = t.value("hits", json::object());
     auto opt = [&](const char* key) { return device ? std::string("-") : Bytes(Num(t, key)); };
-    std::printf("%-8s %12s %12s %6.1f%% %12.0f %12s %12s %10s\n", t.value("name", std::string("?")).c_str(),
-                Bytes(Num(t, "capacity_bytes")).c_str(), Bytes(Num(t, "used_bytes")).c_str(),
-                100.0 * Num(t, "usage_ratio"), Num(hits, "tokens"), opt("bytes_written").c_str(),
-                opt("bytes_read").c_str(), device ? "-" : std::to_string(static_cast<uint64_t>(Num(t, "loads_failed"))).c_str());
+    std::printf(
+        "%-8s %12s %12s %6.1f%% %12.0f %12s %12s %10s\n", t.value("name", std::string("?")).c_str(),
+        Bytes(Num(t, "capacity_bytes")).c_str(), Bytes(Num(t, "used_bytes")).c_str(),
+        100.0 * Num(t, "usage_ratio"), Num(hits, "tokens"), opt("bytes_written").c_str(),
+        opt("bytes_read").c_str(),
+        device ? "-" : std::to_string(static_cast<uint64_t>(Num(t, "loads_failed"))).c_str());
   }
   const json& db = j.value("device_blocks", json::object());
-  std::printf("\ndevice blocks: %.0f total, %.0f in use, %.0f cached, %.0f free; %.0f evictions\n", Num(db, "total"),
-              Num(db, "in_use"), Num(db, "cached"), Num(db, "free"), Num(db, "evictions"));
+  std::printf("\ndevice blocks: %.0f total, %.0f in use, %.0f cached, %.0f free; %.0f evictions\n",
+              Num(db, "total"), Num(db, "in_use"), Num(db, "cached"), Num(db, "free"),
+              Num(db, "evictions"));
 }
 
 void PrintLookup(const json& j) {
   const double prompt = Num(j, "prompt_tokens"), cached = Num(j, "cached_tokens");
   std::printf("prompt tokens  %.0f\n", prompt);
-  std::printf("cached tokens  %.0f (%.0f blocks of %.0f; %.1f%% of the prompt)\n", cached, Num(j, "blocks"),
-              Num(j, "block_size"), prompt > 0 ? 100.0 * cached / prompt : 0.0);
+  std::printf("cached tokens  %.0f (%.0f blocks of %.0f; %.1f%% of the prompt)\n", cached,
+              Num(j, "blocks"), Num(j, "block_size"), prompt > 0 ? 100.0 * cached / prompt : 0.0);
   const json by_tier = j.value("by_tier", json::object());
   for (const auto& [tier, n] : by_tier.items())
     std::printf("  %-8s %8.0f\n", tier.c_str(), n.is_number() ? n.get<double>() : 0.0);
@@ -160,7 +166,8 @@ int RunLookup(const CacheFlags& f) {
       char* end = nullptr;
       const long long v = std::strtoll(item.c_str(), &end, 10);
       if (item.empty() || end == nullptr || *end != '\0' || v < 0 || v > INT32_MAX) {
-        std::fprintf(stderr, "strata cache lookup: --tokens: '%s' is not a token id\n", item.c_str());
+        std::fprintf(stderr, "strata cache lookup: --tokens: '%s' is not a token id\n",
+                     item.c_str());
         return 2;
       }
       ids.push_back(v);
@@ -189,15 +196,18 @@ int RunFlush(const CacheFlags& f) {
 
 void AddCommon(CLI::App* cmd, CacheFlags* f) {
   cmd->add_option("--url", f->url, "the server's base URL")->capture_default_str();
-  cmd->add_option("--admin-token", f->admin_token, "the server's --admin-token")->envname("STRATA_ADMIN_TOKEN");
-  cmd->add_option("--timeout", f->timeout_seconds, "seconds to wait for the answer")->capture_default_str();
+  cmd->add_option("--admin-token", f->admin_token, "the server's --admin-token")
+      ->envname("STRATA_ADMIN_TOKEN");
+  cmd->add_option("--timeout", f->timeout_seconds, "seconds to wait for the answer")
+      ->capture_default_str();
   cmd->add_flag("--json", f->json, "print the server's JSON instead of a table");
 }
 
 }  // namespace
 
 void RegisterCache(CLI::App& app, int* exit_code) {
-  CLI::App* cache = app.add_subcommand("cache", "KV cache of a running server: tier usage, prefix lookup, flush");
+  CLI::App* cache =
+      app.add_subcommand("cache", "KV cache of a running server: tier usage, prefix lookup, flush");
   cache->require_subcommand(1);
   cache->fallthrough();
   auto f = std::make_shared<CacheFlags>();
@@ -206,18 +216,24 @@ void RegisterCache(CLI::App& app, int* exit_code) {
   AddCommon(stats, f.get());
   stats->callback([f, exit_code] { *exit_code = RunStats(*f); });
 
-  CLI::App* lookup = cache->add_subcommand("lookup", "which tiers hold a prompt's prefix, and how many tokens would hit");
+  CLI::App* lookup = cache->add_subcommand(
+      "lookup", "which tiers hold a prompt's prefix, and how many tokens would hit");
   AddCommon(lookup, f.get());
-  lookup->add_option("--prompt", f->prompt, "prompt text (tokenized by the server like a completion prompt)");
+  lookup->add_option("--prompt", f->prompt,
+                     "prompt text (tokenized by the server like a completion prompt)");
   lookup->add_option("--tokens", f->tokens, "token ids, comma-separated (e.g. 1,2,3)");
-  lookup->add_flag("--chat", f->chat, "treat --prompt as one user chat message (chat template applied)");
+  lookup->add_flag("--chat", f->chat,
+                   "treat --prompt as one user chat message (chat template applied)");
   lookup->add_option("--cache-salt", f->cache_salt, "the requests' cache_salt (tenant)");
   lookup->callback([f, exit_code] { *exit_code = RunLookup(*f); });
 
-  CLI::App* flush = cache->add_subcommand("flush", "drop cached blocks (running requests are unaffected)");
+  CLI::App* flush =
+      cache->add_subcommand("flush", "drop cached blocks (running requests are unaffected)");
   AddCommon(flush, f.get());
-  flush->add_option("--tier", f->tiers, "tier to flush: device, host, disk (repeatable; default all)");
-  flush->add_flag("--all-namespaces", f->all_namespaces, "lower tiers: also drop other models' blocks");
+  flush->add_option("--tier", f->tiers,
+                    "tier to flush: device, host, disk (repeatable; default all)");
+  flush->add_flag("--all-namespaces", f->all_namespaces,
+                  "lower tiers: also drop other models' blocks");
   flush->callback([f, exit_code] { *exit_code = RunFlush(*f); });
 }
 

@@ -7,11 +7,15 @@
 // then /health turns 200 and --port-file is written. SIGTERM or SIGINT:
 // /health 503, new requests 503, listeners close, in-flight requests get
 // --shutdown-grace-seconds to finish (then they are cancelled), the disk
-// tier's outstanding writes are drained, exit 0.
+// tier's outstanding writes are drained, exit 0. Further signals during the
+// shutdown are ignored.
 
-#include <pthread.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <fstream>
@@ -116,15 +120,38 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
   return Status::Ok();
 }
 
-// Blocks SIGINT/SIGTERM in this thread and every thread it starts, so that
-// sigwait() in the main thread receives them.
-sigset_t BlockShutdownSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
+// SIGINT/SIGTERM go through a pipe: the handler may run on any thread
+// (libraries start threads of their own before main, with the signals
+// unblocked), so it only writes the signal number; the main thread reads it.
+// Later signals during shutdown are absorbed by the same handler.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnShutdownSignal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  const int saved = errno;
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+Status InstallShutdownSignals() {
+  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return Status::Internal("pipe2 failed");
+  struct sigaction sa {};
+  sa.sa_handler = OnShutdownSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  if (sigaction(SIGTERM, &sa, nullptr) != 0 || sigaction(SIGINT, &sa, nullptr) != 0)
+    return Status::Internal("sigaction failed");
+  return Status::Ok();
+}
+
+// Blocks until SIGTERM or SIGINT arrives; returns it.
+int WaitForShutdownSignal() {
+  while (true) {
+    pollfd p{g_signal_pipe[0], POLLIN, 0};
+    if (poll(&p, 1, -1) < 0 && errno != EINTR) return SIGTERM;
+    unsigned char b = 0;
+    if (read(g_signal_pipe[0], &b, 1) == 1) return b;
+  }
 }
 
 Status WritePortFile(const std::string& path, int http_port, int grpc_port) {
@@ -141,7 +168,7 @@ Status WritePortFile(const std::string& path, int http_port, int grpc_port) {
 }
 
 int Run(CLI::App* cmd, ServeFlags& f) {
-  const sigset_t signals = BlockShutdownSignals();
+  if (Status s = InstallShutdownSignals(); !s.ok()) return Fail(s);
   f.engine.extra_config_keys = ServeKeys();
   std::string err;
   if (!ResolveEngineFlags(cmd, &f.engine, &f.model, &err)) return Fail(Status::InvalidArgument(err));
@@ -228,6 +255,9 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     go.host = f.host;
     go.port = f.grpc_port;
     go.max_message_bytes = static_cast<int>(std::min<uint64_t>(*body_limit, 1u << 30));
+    go.api_key = f.api_key;
+    go.admin_token = f.admin_token;
+    go.retry_after_seconds = so.retry_after_seconds;
     auto g = server::GrpcServer::Create(go, frontend);
     if (!g) {
       (*engine)->Stop(0);
@@ -250,8 +280,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   }
 
   // 3. Wait for SIGTERM / SIGINT, then shut down gracefully.
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForShutdownSignal();
   STRATA_LOG_INFO("received {}: draining (grace {} s, {} requests unfinished)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                   f.shutdown_grace_seconds, (*engine)->num_unfinished());
   service.SetDraining();
@@ -259,9 +288,13 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   (*http)->StopAccepting();
   if (grpc) grpc->Shutdown(f.shutdown_grace_seconds);
   (*engine)->Stop(f.shutdown_grace_seconds);  // cancels what is left after the grace period
+  // Let the final chunks (and the [DONE] of cancelled streams) go out.
+  if (!(*http)->WaitForResponses(5)) STRATA_LOG_WARN("some HTTP responses were still being written at shutdown");
   (*http)->Stop();
   const kvcache::KvManagerStats ks = (*stack)->manager->stats();
-  stack->reset();  // drains the lower tiers' outstanding writes
+  grpc.reset();
+  engine->reset();  // before the KV stack it points into
+  stack->reset();   // drains the lower tiers' outstanding writes
   STRATA_LOG_INFO("stopped: {} prefix-cache queries, {} device-hit tokens, {} lower-tier-hit tokens", ks.queries,
                   ks.device.tokens, ks.lower.tokens);
   return 0;

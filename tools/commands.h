@@ -15,6 +15,8 @@ namespace strata::cli {
 void RegisterGenerate(CLI::App& app, int* exit_code);
 void RegisterModel(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
+// `strata bench simulate` (tools/cmd_bench_sim.cc), added under `bench`.
+void RegisterBenchSimulate(CLI::App* bench, int* exit_code);
 void RegisterServe(CLI::App& app, int* exit_code);
 void RegisterCache(CLI::App& app, int* exit_code);
 

@@ -219,13 +219,23 @@ Result<int> ServerProcess::Stop(double timeout_seconds) {
                                ") before SIGTERM\n--- server stderr (tail) ---\n" + stderr_tail());
   }
   ::kill(pid_, SIGTERM);
+  return Wait(timeout_seconds);
+}
+
+bool ServerProcess::Signal(int sig) {
+  if (pid_ <= 0 || Reap(false)) return false;
+  return ::kill(pid_, sig) == 0;
+}
+
+Result<int> ServerProcess::Wait(double timeout_seconds) {
+  if (pid_ <= 0) return Status::InvalidArgument("no server process");
   const auto t0 = Clock::now();
   while (!Reap(false)) {
     if (SecondsSince(t0) > timeout_seconds) {
       ::kill(pid_, SIGKILL);
       Reap(true);
       return Status::Unavailable("the server did not exit within " + std::to_string(timeout_seconds) +
-                                 " s of SIGTERM (killed)\n--- server stderr (tail) ---\n" + stderr_tail());
+                                 " s (killed)\n--- server stderr (tail) ---\n" + stderr_tail());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

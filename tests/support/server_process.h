@@ -66,6 +66,11 @@ class ServerProcess {
   // exit code (128 + signal if it was killed by one); an error if it did not
   // exit in time (it is then SIGKILLed) or had already been reaped.
   Result<int> Stop(double timeout_seconds = 60);
+  // Sends `sig` to the child (no wait); false if it is gone.
+  bool Signal(int sig);
+  // Waits up to `timeout_seconds` for the child to exit on its own (after a
+  // Signal); returns its exit code, or an error (it is then SIGKILLed).
+  Result<int> Wait(double timeout_seconds = 60);
 
   // Everything the child wrote to stderr / stdout so far.
   std::string stderr_text() const;

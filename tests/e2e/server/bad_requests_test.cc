@@ -101,7 +101,7 @@ std::vector<Case> Cases() {
       C("five stop strings", "POST", comp, Completion(R"("stop":["a","b","c","d","e"])"), 400, "stop"),
       C("token id outside the vocabulary", "POST", comp, R"({"model":"tiny","prompt":[1,99999],"max_tokens":2})",
        400, "prompt"),
-      C("empty prompt", "POST", comp, R"({"model":"tiny","prompt":"","max_tokens":2})", 400, "prompt"),
+      C("empty token-id prompt", "POST", comp, R"({"model":"tiny","prompt":[],"max_tokens":2})", 400, "prompt"),
       // OpenAI fields Strata does not implement: a 400 naming the field.
       C("tools", "POST", chat,
        Chat(R"("tools":[{"type":"function","function":{"name":"f","parameters":{}}}])"), 400, "tools", {"tools"}),

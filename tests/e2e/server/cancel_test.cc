@@ -51,11 +51,13 @@ TEST(CancelTest, HungUpStreamsLeaveNoRequestAndNoBlockBehind) {
     threads.emplace_back([&, i] {
       server::SseParser sse;
       int events = 0;
+      bool any_data = false;
       // A quarter leave at their very first bytes, the rest after 3 events.
       const int leave_after = i % 4 == 0 ? 1 : 3;
       auto r = server::HttpStream(
           "127.0.0.1", port, "POST", "/v1/completions", LongStream(i), {{"Content-Type", "application/json"}},
           [&](std::string_view data) {
+            any_data = true;
             sse.Feed(data);
             std::string event;
             while (sse.Next(&event)) ++events;
@@ -72,7 +74,7 @@ TEST(CancelTest, HungUpStreamsLeaveNoRequestAndNoBlockBehind) {
         errors[i] = "status " + std::to_string(r->status);
         return;
       }
-      if (events > 0) ++got_data;
+      if (any_data) ++got_data;
       ++hung_up;
     });
   }
@@ -91,7 +93,7 @@ TEST(CancelTest, HungUpStreamsLeaveNoRequestAndNoBlockBehind) {
             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
         ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20 + 5 * i));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50 + 5 * i));
       }
       ::close(fd);
     });
@@ -102,21 +104,25 @@ TEST(CancelTest, HungUpStreamsLeaveNoRequestAndNoBlockBehind) {
   EXPECT_EQ(hung_up.load(), kStreamingClients);
   EXPECT_EQ(got_data.load(), kStreamingClients);
 
-  // The server notices every hang-up and releases the requests' blocks.
+  // The server notices every hang-up and releases the requests' blocks. (An
+  // impatient client may close before the server read its request; then
+  // there was no engine request, hence "at least" the streaming ones.)
   const int total = kStreamingClients + kImpatientClients;
   std::string m = testing::WaitForMetrics(port, [&](const std::string& text) {
     return testing::Gauge(text, "strata_num_requests_running") == 0 &&
            testing::Gauge(text, "strata_num_requests_waiting") == 0 &&
            testing::Gauge(text, "strata_kv_device_blocks_in_use") == 0 &&
-           testing::MetricSum(text, "strata_requests_total") >= total;
+           testing::MetricSum(text, "strata_requests_total") >= kStreamingClients;
   });
   EXPECT_EQ(testing::Gauge(m, "strata_num_requests_running"), 0) << m;
   EXPECT_EQ(testing::Gauge(m, "strata_num_requests_waiting"), 0) << m;
   EXPECT_EQ(testing::Gauge(m, "strata_kv_device_blocks_in_use"), 0) << m;
-  EXPECT_EQ(testing::MetricSum(m, "strata_requests_total"), total) << m;
+  const double finished = testing::MetricSum(m, "strata_requests_total");
+  EXPECT_GE(finished, kStreamingClients) << m;
+  EXPECT_LE(finished, total) << m;
   // 400 tokens each and the clients left after at most 3 events: every
-  // request was cut short, none ran to its length.
-  EXPECT_EQ(testing::Gauge(m, "strata_requests_total", R"(finish_reason="abort")"), total) << m;
+  // request was cut short ("abort"), none ran to its length.
+  EXPECT_EQ(testing::Gauge(m, "strata_requests_total", R"(finish_reason="abort")"), finished) << m;
   EXPECT_LT(testing::MetricSum(m, "strata_generation_tokens_total"), total * 400.0 / 2) << m;
 
   // Still serving.

@@ -266,10 +266,6 @@ TEST_F(GrpcTest, SeveralChoicesWithLogprobs) {
       }
   ASSERT_TRUE(s.usage_last);
   EXPECT_EQ(s.usage.completion_tokens(), total);
-  // The same seed gives the same choices again.
-  Streamed again = Generate(r);
-  ASSERT_TRUE(again.status.ok());
-  EXPECT_EQ(again.tokens, s.tokens);
 }
 
 TEST_F(GrpcTest, ChatStreamsEndsWithUsageAndARepeatHitsTheCache) {
@@ -418,6 +414,13 @@ TEST_F(GrpcTest, BadRequestsMapToStatusCodesWithTheFrontendsMessage) {
       EXPECT_EQ(std::string(param->second.data(), param->second.size()), c.param);
     }
   }
+  // No prompt at all (checked before the frontend, as HTTP's parser does).
+  pb::GenerateRequest no_prompt = Greedy("", 4);
+  no_prompt.clear_prompt();
+  Streamed none = Generate(no_prompt);
+  EXPECT_EQ(none.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(none.status.error_message(), "'prompt' is required: set 'text' or 'token_ids'");
+
   // A chat for another model is NOT_FOUND too.
   pb::ChatRequest chat = GreedyChat(4);
   chat.set_model("nope");
@@ -477,10 +480,22 @@ TEST_F(GrpcTest, HealthAndCacheStats) {
   pb::HealthResponse h;
   {
     grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", "req-42");
     ASSERT_TRUE(stub_->Health(&ctx, pb::HealthRequest(), &h).ok());
+    // The client's request id comes back, as HTTP's x-request-id header does.
+    auto id = ctx.GetServerInitialMetadata().find("x-request-id");
+    ASSERT_NE(id, ctx.GetServerInitialMetadata().end());
+    EXPECT_EQ(std::string(id->second.data(), id->second.size()), "req-42");
   }
   EXPECT_EQ(h.status(), pb::HealthResponse::SERVING);
   EXPECT_EQ(h.model(), kModelName);
+  {
+    grpc::ClientContext ctx;  // no id given: one is generated
+    ASSERT_TRUE(stub_->Health(&ctx, pb::HealthRequest(), &h).ok());
+    auto id = ctx.GetServerInitialMetadata().find("x-request-id");
+    ASSERT_NE(id, ctx.GetServerInitialMetadata().end());
+    EXPECT_FALSE(id->second.empty());
+  }
 
   ASSERT_TRUE(Generate(Greedy(kPrompt, 4)).status.ok());
   ASSERT_TRUE(Generate(Greedy(kPrompt, 4)).status.ok());  // hits the first one's blocks

@@ -4,12 +4,11 @@
 // named are left alone, and other namespaces on a shared disk are kept.
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "kvcache/disk_store.h"
 #include "kvcache/host_store.h"
@@ -64,7 +63,8 @@ class KvManagerFlushTest : public ::testing::Test {
     std::vector<LowerTier> tiers = {{host_.get(), WritePolicy::kWriteThrough, 0, 0},
                                     {disk_.get(), WritePolicy::kWriteThrough, 0, 0}};
     auto m = KvManager::Create(
-        o, [this](BlockId id) { return memory_.data() + id.value() * kBlockBytes; }, std::move(tiers), &clock_);
+        o, [this](BlockId id) { return memory_.data() + id.value() * kBlockBytes; },
+        std::move(tiers), &clock_);
     ASSERT_TRUE(m.ok()) << m.error().ToString();
     mgr_ = std::move(m).value();
   }
@@ -91,7 +91,8 @@ class KvManagerFlushTest : public ::testing::Test {
 
   // Waits (polling) until every tier holds `blocks` blocks of writes.
   void SettleWrites() {
-    for (int i = 0; i < 10000 && (mgr_->Poll() > 0 || disk_->stats().blocks < host_->stats().blocks); ++i) {
+    for (int i = 0;
+         i < 10000 && (mgr_->Poll() > 0 || disk_->stats().blocks < host_->stats().blocks); ++i) {
       usleep(100);
     }
   }
@@ -170,7 +171,8 @@ TEST_F(KvManagerFlushTest, BlocksInUseSurviveAndKeepWorking) {
   EXPECT_EQ(r->device_blocks, 2u);  // idle's two blocks; held's four are in use
   EXPECT_EQ(mgr_->Match(idle, {}).total(), 0);
   // The running request's blocks are untouched: same table, still indexed.
-  EXPECT_EQ(std::vector<int32_t>(mgr_->BlockTable(RequestId(2)).begin(), mgr_->BlockTable(RequestId(2)).end()),
+  EXPECT_EQ(std::vector<int32_t>(mgr_->BlockTable(RequestId(2)).begin(),
+                                 mgr_->BlockTable(RequestId(2)).end()),
             table_before);
   EXPECT_EQ(mgr_->Match(held, {}).device_tokens, 12);
   EXPECT_EQ(mgr_->device_pool().stats().in_use, 4);

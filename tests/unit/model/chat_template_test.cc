@@ -1,6 +1,8 @@
 #include "model/chat_template.h"
 
 #include <gtest/gtest.h>
+
+#include "tests/support/test_env.h"
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,13 +30,8 @@ using json = nlohmann::json;
 
 // ---- Where the references live -----------------------------------------------
 
-fs::path ReferenceDir() {
-  if (const char* dir = std::getenv("STRATA_REFERENCE_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  // Fallback for running the binary by hand: the source tree next to this file.
-  return fs::path(__FILE__).parent_path().parent_path().parent_path() / "reference";
-}
+// $STRATA_REFERENCE_DIR, else the source tree's tests/reference (built in).
+fs::path ReferenceDir() { return strata::testing::ReferenceDir(); }
 
 fs::path TemplatesDir() { return ReferenceDir() / "templates"; }
 

@@ -9,9 +9,8 @@
 
 #include <map>
 #include <mutex>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "kvcache/host_store.h"
 #include "model/model_loader.h"
@@ -39,7 +38,9 @@ class FakeWriter final : public ResponseWriter {
     body_ = std::move(body);
     done_ = true;
   }
-  void StartStream(int, std::string, HeaderList) override { ADD_FAILURE() << "admin routes never stream"; }
+  void StartStream(int, std::string, HeaderList) override {
+    ADD_FAILURE() << "admin routes never stream";
+  }
   bool Write(std::string) override { return false; }
   void End() override {}
   void OnClose(std::function<void()>) override {}
@@ -85,13 +86,18 @@ class AdminRoutesTest : public ::testing::Test {
     o.block_size = kBlockSize;
     o.num_device_blocks = kDeviceBlocks;
     o.block_bytes = block_bytes;
-    o.ns = kvcache::NamespaceDigest(model_->weights.digest, model_->weights.config.arch, "f32", kBlockSize);
+    o.ns = kvcache::NamespaceDigest(model_->weights.digest, model_->weights.config.arch, "f32",
+                                    kBlockSize);
     o.load_policy = kvcache::LoadPolicy::kAlways;
-    auto mem = [e = fwd_.get()](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
-    std::vector<kvcache::LowerTier> tiers = {{host_.get(), kvcache::WritePolicy::kWriteThrough, 0, 0}};
+    auto mem = [e = fwd_.get()](BlockId id) {
+      return e->block_data(static_cast<int32_t>(id.value()));
+    };
+    std::vector<kvcache::LowerTier> tiers = {
+        {host_.get(), kvcache::WritePolicy::kWriteThrough, 0, 0}};
     kv_ = std::move(kvcache::KvManager::Create(o, mem, std::move(tiers), &clock_)).value();
     runner_ = std::make_unique<scheduler::ForwardEngineRunner>(fwd_.get());
-    engine_ = std::move(scheduler::Engine::Create({}, runner_.get(), kv_.get(), model_->tokenizer.get(), &clock_))
+    engine_ = std::move(scheduler::Engine::Create({}, runner_.get(), kv_.get(),
+                                                  model_->tokenizer.get(), &clock_))
                   .value();
     metrics_ = std::make_unique<ServerMetrics>(kModelName, model_->weights.config.context_length);
     FrontendOptions fo;
@@ -103,7 +109,7 @@ class AdminRoutesTest : public ::testing::Test {
 
   // Sends one admin request and steps the engine until it is answered.
   Reply Admin(const std::string& method, const std::string& path, const std::string& body = "",
-             const std::string& token = kToken) {
+              const std::string& token = kToken) {
     HttpRequest req;
     req.method = method;
     req.path = path;
@@ -142,7 +148,9 @@ class AdminRoutesTest : public ::testing::Test {
     std::shared_ptr<Call> call;
     bool finished = false;
     e = frontend_->Start(
-        prepared, [&finished](int, scheduler::RequestOutput&& ev) { finished = finished || ev.finished; }, &call);
+        prepared,
+        [&finished](int, scheduler::RequestOutput&& ev) { finished = finished || ev.finished; },
+        &call);
     EXPECT_FALSE(e.has_value()) << (e ? e->message : "");
     for (int i = 0; i < 10000 && !finished; ++i) {
       clock_.Advance(1'000'000);  // 1 ms per step, so timings are not all zero
@@ -172,7 +180,8 @@ class AdminRoutesTest : public ::testing::Test {
   std::unique_ptr<AdminRoutes> admin_;
 };
 
-const std::string kPrompt = "Once upon a time, there was a little girl named Lily. She loved to play";
+const std::string kPrompt =
+    "Once upon a time, there was a little girl named Lily. She loved to play";
 
 TEST_F(AdminRoutesTest, TokenIsRequiredAndOtherPathsAreNotOurs) {
   Reply r = Admin("GET", "/admin/cache/stats", "", "");
@@ -229,7 +238,8 @@ TEST_F(AdminRoutesTest, BadRequestsGetOpenAiErrors) {
       {"POST", "/admin/cache/flush", R"({"tiers": ["gpu"]})", 400, "tiers"},
       {"POST", "/admin/cache/flush", R"({"tiers": "device"})", 400, "tiers"},
       {"POST", "/admin/cache/flush", R"({"tiers": []})", 400, "tiers"},
-      {"POST", "/admin/cache/flush", R"({"tiers": ["disk"]})", 400, "tiers"},  // not configured here
+      {"POST", "/admin/cache/flush", R"({"tiers": ["disk"]})", 400,
+       "tiers"},  // not configured here
       {"POST", "/admin/cache/flush", R"({"all_namespaces": "yes"})", 400, "all_namespaces"},
   };
   for (const Case& c : cases) {
@@ -271,7 +281,7 @@ TEST_F(AdminRoutesTest, LookupReportsWhatARequestWouldHitAndFlushRemovesIt) {
   r = Admin("POST", "/admin/cache/lookup", json{{"tokens", ids}}.dump());
   EXPECT_EQ(r.body["cached_tokens"], expect);
   r = Admin("POST", "/admin/cache/lookup",
-           json{{"messages", json::array({{{"role", "user"}, {"content", "Hello"}}})}}.dump());
+            json{{"messages", json::array({{{"role", "user"}, {"content", "Hello"}}})}}.dump());
   EXPECT_EQ(r.status, 200) << r.body.dump();
   // Another tenant shares nothing.
   r = Admin("POST", "/admin/cache/lookup", LookupBody(kPrompt, "tenant-b"));

@@ -9,14 +9,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <map>
 #include <mutex>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "kvcache/block_hash.h"
 #include "model/gguf_export.h"
@@ -96,6 +96,31 @@ class CountingObserver : public RequestObserver {
   int events_ = 0, finished_ = 0;
 };
 
+// The model's forward pass, failing from the (fail_after + 1)-th call on
+// when fail_after >= 0 (a device error, as the engine sees one).
+class FlakyRunner final : public scheduler::StepRunner {
+ public:
+  explicit FlakyRunner(ForwardEngine* engine) : inner_(engine) {}
+  Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) override {
+    const int limit = fail_after.load();
+    if (limit >= 0 && calls_.fetch_add(1) >= limit)
+      return Status::Internal("injected forward failure");
+    return inner_.Forward(batch, logits);
+  }
+  int vocab_size() const override { return inner_.vocab_size(); }
+  int context_length() const override { return inner_.context_length(); }
+  void FailAfter(int calls) {
+    calls_ = 0;
+    fail_after = calls;
+  }
+
+  std::atomic<int> fail_after{-1};
+
+ private:
+  scheduler::ForwardEngineRunner inner_;
+  std::atomic<int> calls_{0};
+};
+
 class FrontendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -118,10 +143,15 @@ class FrontendTest : public ::testing::Test {
     o.num_device_blocks = kv.num_blocks;
     o.block_bytes = fwd_->kv_layout().block_bytes();
     o.ns = kvcache::NamespaceDigest(m.weights.digest, m.weights.config.arch, "f32", kBlockSize);
-    auto mem = [e = fwd_.get()](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
-    kv_ = std::move(kvcache::KvManager::Create(o, mem, std::vector<kvcache::LowerTier>{}, &clock_)).value();
-    runner_ = std::make_unique<scheduler::ForwardEngineRunner>(fwd_.get());
-    engine_ = std::move(scheduler::Engine::Create(eo, runner_.get(), kv_.get(), m.tokenizer.get(), &clock_)).value();
+    auto mem = [e = fwd_.get()](BlockId id) {
+      return e->block_data(static_cast<int32_t>(id.value()));
+    };
+    kv_ = std::move(kvcache::KvManager::Create(o, mem, std::vector<kvcache::LowerTier>{}, &clock_))
+              .value();
+    runner_ = std::make_unique<FlakyRunner>(fwd_.get());
+    engine_ = std::move(scheduler::Engine::Create(eo, runner_.get(), kv_.get(), m.tokenizer.get(),
+                                                  &clock_))
+                  .value();
     FrontendOptions fo;
     fo.served_model_name = kServed;
     fo.max_n = 4;
@@ -130,7 +160,8 @@ class FrontendTest : public ::testing::Test {
   }
 
   // strata::Generate on its own ForwardEngine (ignore_eos, as the requests here).
-  GenerateOutput Reference(const std::vector<int32_t>& prompt, int max_tokens, const SamplingParams& sampling) {
+  GenerateOutput Reference(const std::vector<int32_t>& prompt, int max_tokens,
+                           const SamplingParams& sampling) {
     const LoadedModel& m = Model();
     KvOptions kv;
     kv.block_size = kBlockSize;
@@ -184,7 +215,7 @@ class FrontendTest : public ::testing::Test {
   std::unique_ptr<ThreadPool> threads_;
   std::unique_ptr<ForwardEngine> fwd_;
   std::unique_ptr<kvcache::KvManager> kv_;
-  std::unique_ptr<scheduler::ForwardEngineRunner> runner_;
+  std::unique_ptr<FlakyRunner> runner_;
   std::unique_ptr<scheduler::Engine> engine_;
   std::unique_ptr<Frontend> frontend_;
 };
@@ -225,7 +256,8 @@ TEST_F(FrontendTest, ContextOverflowSaysBothNumbers) {
   err = Prepare(p);
   ASSERT_TRUE(err);
   EXPECT_EQ(err->param, "max_tokens");
-  EXPECT_NE(err->message.find("500 tokens and max_tokens is 20"), std::string::npos) << err->message;
+  EXPECT_NE(err->message.find("500 tokens and max_tokens is 20"), std::string::npos)
+      << err->message;
   EXPECT_NE(err->message.find("512"), std::string::npos) << err->message;
 
   // A huge max_tokens does not overflow into acceptance.
@@ -257,11 +289,17 @@ TEST_F(FrontendTest, BadValuesName400Params) {
       {"presence_penalty", [](GenerationParams& p) { p.sampling.presence_penalty = 3; }},
       {"frequency_penalty", [](GenerationParams& p) { p.sampling.frequency_penalty = -3; }},
       {"repetition_penalty", [](GenerationParams& p) { p.sampling.repetition_penalty = 0; }},
-      {"logit_bias", [](GenerationParams& p) { p.sampling.logit_bias = {{100000, 1.0f}}; }},
+      {"logit_bias",
+       [](GenerationParams& p) {
+         p.sampling.logit_bias = {{100000, 1.0f}};
+       }},
       {"top_logprobs", [](GenerationParams& p) { p.sampling.top_logprobs = 21; }},
       {"n", [](GenerationParams& p) { p.n = 5; }},
       {"n", [](GenerationParams& p) { p.n = 0; }},
-      {"stop", [](GenerationParams& p) { p.stop = {"a", "b", "c", "d", "e"}; }},
+      {"stop",
+       [](GenerationParams& p) {
+         p.stop = {"a", "b", "c", "d", "e"};
+       }},
       {"stop_token_ids", [](GenerationParams& p) { p.stop_token_ids = {512}; }},
       {"prompt",
        [](GenerationParams& p) {
@@ -517,7 +555,8 @@ class FakeWriter : public ResponseWriter {
   }
   bool WaitWrites(size_t n) {
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return writes_.size() >= n || complete_; });
+    return cv_.wait_for(lock, std::chrono::seconds(60),
+                        [&] { return writes_.size() >= n || complete_; });
   }
   int status() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -572,8 +611,8 @@ class RoutesTest : public FrontendTest {
     routes_ = std::make_unique<OpenAiRoutes>(*frontend_);
   }
 
-  std::shared_ptr<FakeWriter> Call(const std::string& method, const std::string& path, const std::string& body,
-                                   bool* handled = nullptr) {
+  std::shared_ptr<FakeWriter> Call(const std::string& method, const std::string& path,
+                                   const std::string& body, bool* handled = nullptr) {
     HttpRequest req;
     req.method = method;
     req.path = path;
@@ -592,7 +631,8 @@ class RoutesTest : public FrontendTest {
     for (const std::string& w : writes) {
       EXPECT_TRUE(w.starts_with("data: ") && w.ends_with("\n\n")) << w;
       std::string payload = w.substr(6, w.size() - 8);
-      out.push_back(payload == "[DONE]" ? nlohmann::json("[DONE]") : nlohmann::json::parse(payload));
+      out.push_back(payload == "[DONE]" ? nlohmann::json("[DONE]")
+                                        : nlohmann::json::parse(payload));
     }
     return out;
   }
@@ -602,9 +642,10 @@ class RoutesTest : public FrontendTest {
 
 TEST_F(RoutesTest, NonStreamingCompletion) {
   const LoadedModel& m = Model();
-  auto w = Call("POST", "/v1/completions",
-                R"({"model":"tiny-test","prompt":"once upon a time","max_tokens":6,"temperature":0,)"
-                R"("ignore_eos":true,"logprobs":2})");
+  auto w =
+      Call("POST", "/v1/completions",
+           R"({"model":"tiny-test","prompt":"once upon a time","max_tokens":6,"temperature":0,)"
+           R"("ignore_eos":true,"logprobs":2})");
   ASSERT_TRUE(w->WaitComplete());
   ASSERT_EQ(w->status(), 200);
   EXPECT_EQ(w->content_type(), "application/json");
@@ -636,8 +677,9 @@ TEST_F(RoutesTest, NonStreamingCompletion) {
   EXPECT_NE(w->field("ttft_ms"), "<none>");
 
   // echo prepends the prompt text to every choice.
-  w = Call("POST", "/v1/completions",
-           R"({"prompt":"once upon a time","max_tokens":6,"temperature":0,"ignore_eos":true,"echo":true,"n":2})");
+  w = Call(
+      "POST", "/v1/completions",
+      R"({"prompt":"once upon a time","max_tokens":6,"temperature":0,"ignore_eos":true,"echo":true,"n":2})");
   ASSERT_TRUE(w->WaitComplete());
   ASSERT_EQ(w->status(), 200);
   j = w->Json();
@@ -652,10 +694,11 @@ TEST_F(RoutesTest, NonStreamingCompletion) {
 
 TEST_F(RoutesTest, StreamingChatWithUsage) {
   const LoadedModel& m = Model();
-  auto w = Call("POST", "/v1/chat/completions",
-                R"({"messages":[{"role":"user","content":"the day"}],"max_tokens":8,"temperature":0,)"
-                R"("ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"n":2,)"
-                R"("logprobs":true,"top_logprobs":1})");
+  auto w =
+      Call("POST", "/v1/chat/completions",
+           R"({"messages":[{"role":"user","content":"the day"}],"max_tokens":8,"temperature":0,)"
+           R"("ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"n":2,)"
+           R"("logprobs":true,"top_logprobs":1})");
   ASSERT_TRUE(w->WaitComplete());
   EXPECT_EQ(w->status(), 200);
   EXPECT_TRUE(w->streaming());
@@ -693,7 +736,8 @@ TEST_F(RoutesTest, StreamingChatWithUsage) {
       ++role_chunks[idx];
     }
     if (c["delta"].contains("content")) content[idx] += c["delta"]["content"].get<std::string>();
-    if (!c["logprobs"].is_null()) logprob_tokens[idx] += static_cast<int>(c["logprobs"]["content"].size());
+    if (!c["logprobs"].is_null())
+      logprob_tokens[idx] += static_cast<int>(c["logprobs"]["content"].size());
     if (!c["finish_reason"].is_null()) finish[idx] = c["finish_reason"];
   }
   for (int idx : {0, 1}) {
@@ -731,9 +775,11 @@ TEST_F(RoutesTest, ErrorsAndSmallRoutes) {
 
   w = Call("POST", "/v1/chat/completions", "{not json");
   EXPECT_EQ(w->status(), 400);
-  EXPECT_NE(w->Json()["error"]["message"].get<std::string>().find("Invalid JSON"), std::string::npos);
+  EXPECT_NE(w->Json()["error"]["message"].get<std::string>().find("Invalid JSON"),
+            std::string::npos);
 
-  w = Call("POST", "/v1/chat/completions", R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})");
+  w = Call("POST", "/v1/chat/completions",
+           R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})");
   EXPECT_EQ(w->status(), 404);
   EXPECT_EQ(w->Json()["error"]["param"], "model");
 
@@ -771,10 +817,56 @@ TEST_F(RoutesTest, ErrorsAndSmallRoutes) {
   EXPECT_EQ(w->status(), 400);
 
   // After all that, a good request still works.
-  w = Call("POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})");
+  w = Call("POST", "/v1/chat/completions",
+           R"({"messages":[{"role":"user","content":"x"}],"max_tokens":2})");
   ASSERT_TRUE(w->WaitComplete());
   EXPECT_EQ(w->status(), 200);
   EXPECT_EQ(w->Json()["choices"][0]["message"]["role"], "assistant");
+}
+
+TEST_F(RoutesTest, ForwardErrorBeforeAnyOutputIs500) {
+  runner_->FailAfter(0);
+  auto w = Call("POST", "/v1/completions", R"({"prompt":"the day","max_tokens":5})");
+  ASSERT_TRUE(w->WaitComplete());
+  EXPECT_EQ(w->status(), 500);
+  EXPECT_EQ(w->Json()["error"]["type"], "server_error");
+  EXPECT_NE(w->Json()["error"]["message"].get<std::string>().find("injected forward failure"),
+            std::string::npos);
+
+  // Streaming had not started: a plain 500 too.
+  w = Call("POST", "/v1/chat/completions",
+           R"({"messages":[{"role":"user","content":"x"}],"max_tokens":5,"stream":true})");
+  ASSERT_TRUE(w->WaitComplete());
+  EXPECT_EQ(w->status(), 500);
+  EXPECT_FALSE(w->streaming());
+  EXPECT_EQ(w->Json()["error"]["type"], "server_error");
+
+  runner_->FailAfter(-1);
+  w = Call("POST", "/v1/completions", R"({"prompt":"the day","max_tokens":5})");
+  ASSERT_TRUE(w->WaitComplete());
+  EXPECT_EQ(w->status(), 200);
+}
+
+TEST_F(RoutesTest, ForwardErrorMidStreamSendsAnErrorChunk) {
+  runner_->FailAfter(3);  // prefill and two decode steps succeed
+  auto w = Call(
+      "POST", "/v1/completions",
+      R"({"prompt":"the day","max_tokens":50,"ignore_eos":true,"temperature":0,"stream":true})");
+  ASSERT_TRUE(w->WaitComplete());
+  EXPECT_EQ(w->status(), 200);
+  EXPECT_TRUE(w->streaming());
+  auto events = Events(w->writes());
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const auto& err = events[events.size() - 2];
+  ASSERT_TRUE(err.contains("error")) << err.dump();
+  EXPECT_EQ(err["error"]["type"], "server_error");
+  // Text came before the error.
+  std::string text;
+  for (size_t i = 0; i + 2 < events.size(); ++i)
+    text += events[i]["choices"][0]["text"].get<std::string>();
+  EXPECT_FALSE(text.empty());
+  runner_->FailAfter(-1);
 }
 
 }  // namespace

@@ -212,19 +212,27 @@ TEST_F(HttpServerTest, GetAndPostRoundTrip) {
   ASSERT_TRUE(nf.ok());
   EXPECT_EQ(nf->status, 404);
 
+  // Records are written when each response has gone out, so their order
+  // across connections is not the order of the calls.
   ASSERT_TRUE(WaitFor([&] { return Access().size() >= 3; }));
-  auto log = Access();
-  EXPECT_EQ(log[0].method, "GET");
-  EXPECT_EQ(log[0].path, "/hello");
-  EXPECT_EQ(log[0].status, 200);
-  EXPECT_FALSE(log[0].client_closed);
-  EXPECT_GT(log[0].bytes_out, 5u);
-  EXPECT_GE(log[0].seconds, 0);
-  EXPECT_EQ(log[0].request_id.size(), 16u);
-  ASSERT_EQ(log[0].fields.size(), 1u);
-  EXPECT_EQ(log[0].fields[0], (std::pair<std::string, std::string>("route", "hello")));
-  EXPECT_EQ(log[1].path, "/echo");
-  EXPECT_GT(log[1].bytes_out, body.size());
+  auto find = [&](const std::string& path) {
+    for (const auto& r : Access()) {
+      if (r.path == path) return r;
+    }
+    return AccessRecord();
+  };
+  AccessRecord hello = find("/hello"), echo = find("/echo");
+  EXPECT_EQ(hello.method, "GET");
+  EXPECT_EQ(hello.status, 200);
+  EXPECT_FALSE(hello.client_closed);
+  EXPECT_GT(hello.bytes_out, 5u);
+  EXPECT_GE(hello.seconds, 0);
+  EXPECT_EQ(hello.request_id.size(), 16u);
+  ASSERT_EQ(hello.fields.size(), 1u);
+  EXPECT_EQ(hello.fields[0], (std::pair<std::string, std::string>("route", "hello")));
+  EXPECT_EQ(echo.method, "POST");
+  EXPECT_GT(echo.bytes_out, body.size());
+  EXPECT_EQ(find("/nowhere").status, 404);
 }
 
 TEST_F(HttpServerTest, KeepAliveServesTwoRequestsOnOneConnection) {
@@ -417,7 +425,7 @@ TEST_F(HttpServerTest, ThousandOpenStreamsOnTwoThreadsAndAGetStillAnswers) {
 
 TEST_F(HttpServerTest, HandlerThatDropsTheWriterYields500) {
   StartServer();
-  auto r = HttpCall("127.0.0.1", port_, "GET", "/drop");
+  auto r = HttpCall("127.0.0.1", port_, "GET", "/drop", "", {}, 20);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->status, 500);
   auto j = nlohmann::json::parse(r->body);
@@ -521,6 +529,19 @@ TEST_F(HttpServerTest, ConnectionsBeyondTheLimitAreClosed) {
   auto r = HttpCall("127.0.0.1", port_, "GET", "/hello");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->body, "hello");
+}
+
+TEST_F(HttpServerTest, CreateFailsOnPortInUseAndBadHost) {
+  StartServer();
+  HttpServerOptions opt;
+  opt.port = port_;
+  auto again = HttpServer::Create(opt, [](HttpRequest&&, std::shared_ptr<ResponseWriter>) {});
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), StatusCode::kUnavailable);
+  EXPECT_NE(again.error().message().find(std::to_string(port_)), std::string::npos);
+  opt.port = 0;
+  opt.host = "no such host.invalid";
+  EXPECT_FALSE(HttpServer::Create(opt, [](HttpRequest&&, std::shared_ptr<ResponseWriter>) {}).ok());
 }
 
 TEST_F(HttpServerTest, StopWithOpenConnectionsReturns) {

@@ -4,6 +4,7 @@
 
 #include "server/metrics.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,8 +12,6 @@
 #include <map>
 #include <sstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "tests/support/run_command.h"
 #include "tests/support/test_env.h"
@@ -126,9 +125,11 @@ TEST(ServerMetricsTest, EventsBecomeHistogramsAndCounters) {
 
   EXPECT_EQ(Get(m, "strata_time_to_first_token_seconds_count" + l), 1);
   EXPECT_DOUBLE_EQ(Get(m, "strata_time_to_first_token_seconds_sum" + l), 1.0);
-  EXPECT_EQ(Get(m, "strata_time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.75\"}"), 0);
+  EXPECT_EQ(Get(m, "strata_time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.75\"}"),
+            0);
   EXPECT_EQ(Get(m, "strata_time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"1\"}"), 1);
-  EXPECT_EQ(Get(m, "strata_time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"}"), 1);
+  EXPECT_EQ(Get(m, "strata_time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"}"),
+            1);
 
   // Three gaps after the first token: 0.1, 0.1, 0.3.
   EXPECT_EQ(Get(m, "strata_inter_token_latency_seconds_count" + l), 3);
@@ -242,7 +243,10 @@ TEST(ServerMetricsTest, PromtoolAcceptsTheExposition) {
   }
   const testing::CommandResult r =
       testing::RunCommand("promtool check metrics < " + testing::ShellQuote(path));
-  EXPECT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err << "\nexposition:\n" << text;
+  EXPECT_EQ(r.exit_code, 0) << "stdout:\n"
+                            << r.out << "\nstderr:\n"
+                            << r.err << "\nexposition:\n"
+                            << text;
   // promtool prints lint findings (names, units, help) even when it exits 0
   // for some kinds; there must be none.
   EXPECT_EQ(r.out, "") << r.out;

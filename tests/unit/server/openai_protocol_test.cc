@@ -35,9 +35,12 @@ std::string Comp(const std::string& extra) {
 
 std::optional<ApiError> Parse(Api api, const std::string& body, GenerationParams* p) {
   switch (api) {
-    case Api::kChat: return ParseChatRequest(body, p);
-    case Api::kCompletion: return ParseCompletionRequest(body, p);
-    case Api::kTokenize: return ParseTokenizeRequest(body, p);
+    case Api::kChat:
+      return ParseChatRequest(body, p);
+    case Api::kCompletion:
+      return ParseCompletionRequest(body, p);
+    case Api::kTokenize:
+      return ParseTokenizeRequest(body, p);
   }
   return std::nullopt;
 }
@@ -46,112 +49,156 @@ std::vector<BadCase> BadCases() {
   const std::string deep(100, '[');
   return {
       {"malformed json", Api::kChat, R"({"messages": [)", "", "Invalid JSON body at byte"},
-      {"trailing garbage", Api::kCompletion, R"({"prompt":"a"} x)", "", "Invalid JSON body at byte 16"},
+      {"trailing garbage", Api::kCompletion, R"({"prompt":"a"} x)", "",
+       "Invalid JSON body at byte 16"},
       {"empty body", Api::kChat, "", "", "Invalid JSON body"},
       {"body is an array", Api::kChat, "[1,2]", "", "must be a JSON object, got array"},
       {"body is a string", Api::kCompletion, R"("hi")", "", "must be a JSON object, got string"},
       {"too deeply nested", Api::kChat, deep, "", "nested more than 64"},
       {"invalid utf-8 in json", Api::kCompletion, "{\"prompt\":\"\xff\"}", "", "Invalid JSON body"},
-      {"model not a string", Api::kChat, Chat(R"("model":7)"), "model", "'model' must be a string, got integer"},
-      {"temperature string", Api::kChat, Chat(R"("temperature":"hot")"), "temperature", "must be a number, got string"},
-      {"temperature above 2", Api::kChat, Chat(R"("temperature":2.01)"), "temperature", "in [0, 2], got 2.01"},
-      {"temperature negative", Api::kCompletion, Comp(R"("temperature":-0.1)"), "temperature", "in [0, 2]"},
+      {"model not a string", Api::kChat, Chat(R"("model":7)"), "model",
+       "'model' must be a string, got integer"},
+      {"temperature string", Api::kChat, Chat(R"("temperature":"hot")"), "temperature",
+       "must be a number, got string"},
+      {"temperature above 2", Api::kChat, Chat(R"("temperature":2.01)"), "temperature",
+       "in [0, 2], got 2.01"},
+      {"temperature negative", Api::kCompletion, Comp(R"("temperature":-0.1)"), "temperature",
+       "in [0, 2]"},
       {"top_p zero", Api::kChat, Chat(R"("top_p":0)"), "top_p", "in (0, 1], got 0"},
       {"top_p above one", Api::kChat, Chat(R"("top_p":1.5)"), "top_p", "in (0, 1]"},
-      {"top_k -2", Api::kCompletion, Comp(R"("top_k":-2)"), "top_k", "-1 or 0 (off), or at least 1"},
-      {"top_k fractional", Api::kCompletion, Comp(R"("top_k":1.5)"), "top_k", "must be an integer, got number"},
+      {"top_k -2", Api::kCompletion, Comp(R"("top_k":-2)"), "top_k",
+       "-1 or 0 (off), or at least 1"},
+      {"top_k fractional", Api::kCompletion, Comp(R"("top_k":1.5)"), "top_k",
+       "must be an integer, got number"},
       {"min_p above one", Api::kChat, Chat(R"("min_p":1.1)"), "min_p", "in [0, 1]"},
-      {"presence_penalty below -2", Api::kChat, Chat(R"("presence_penalty":-2.5)"), "presence_penalty", "in [-2, 2]"},
-      {"frequency_penalty above 2", Api::kChat, Chat(R"("frequency_penalty":2.1)"), "frequency_penalty",
-       "in [-2, 2]"},
-      {"repetition_penalty zero", Api::kChat, Chat(R"("repetition_penalty":0)"), "repetition_penalty",
-       "greater than 0"},
+      {"presence_penalty below -2", Api::kChat, Chat(R"("presence_penalty":-2.5)"),
+       "presence_penalty", "in [-2, 2]"},
+      {"frequency_penalty above 2", Api::kChat, Chat(R"("frequency_penalty":2.1)"),
+       "frequency_penalty", "in [-2, 2]"},
+      {"repetition_penalty zero", Api::kChat, Chat(R"("repetition_penalty":0)"),
+       "repetition_penalty", "greater than 0"},
       {"seed string", Api::kChat, Chat(R"("seed":"42")"), "seed", "must be an integer, got string"},
       {"max_tokens zero", Api::kChat, Chat(R"("max_tokens":0)"), "max_tokens", "at least 1, got 0"},
-      {"max_tokens string", Api::kCompletion, Comp(R"("max_tokens":"10")"), "max_tokens", "must be an integer"},
-      {"max_completion_tokens negative", Api::kChat, Chat(R"("max_completion_tokens":-1)"), "max_completion_tokens",
-       "at least 1"},
+      {"max_tokens string", Api::kCompletion, Comp(R"("max_tokens":"10")"), "max_tokens",
+       "must be an integer"},
+      {"max_completion_tokens negative", Api::kChat, Chat(R"("max_completion_tokens":-1)"),
+       "max_completion_tokens", "at least 1"},
       {"max_tokens disagree", Api::kChat, Chat(R"("max_tokens":5,"max_completion_tokens":6)"),
        "max_completion_tokens", "disagree"},
-      {"five stop strings", Api::kChat, Chat(R"("stop":["a","b","c","d","e"])"), "stop", "at most 4 strings, got 5"},
-      {"stop not a string", Api::kCompletion, Comp(R"("stop":5)"), "stop", "a string or an array of strings"},
-      {"stop array of numbers", Api::kCompletion, Comp(R"("stop":["a",1])"), "stop", "a string or an array"},
+      {"five stop strings", Api::kChat, Chat(R"("stop":["a","b","c","d","e"])"), "stop",
+       "at most 4 strings, got 5"},
+      {"stop not a string", Api::kCompletion, Comp(R"("stop":5)"), "stop",
+       "a string or an array of strings"},
+      {"stop array of numbers", Api::kCompletion, Comp(R"("stop":["a",1])"), "stop",
+       "a string or an array"},
       {"empty stop string", Api::kCompletion, Comp(R"("stop":"")"), "stop", "must not be empty"},
       {"n zero", Api::kChat, Chat(R"("n":0)"), "n", "at least 1, got 0"},
-      {"stream not bool", Api::kChat, Chat(R"("stream":"yes")"), "stream", "must be a boolean, got string"},
-      {"stream_options without stream", Api::kChat, Chat(R"("stream_options":{"include_usage":true})"),
-       "stream_options", "only allowed when 'stream' is true"},
-      {"include_usage not bool", Api::kChat, Chat(R"("stream":true,"stream_options":{"include_usage":1})"),
+      {"stream not bool", Api::kChat, Chat(R"("stream":"yes")"), "stream",
+       "must be a boolean, got string"},
+      {"stream_options without stream", Api::kChat,
+       Chat(R"("stream_options":{"include_usage":true})"), "stream_options",
+       "only allowed when 'stream' is true"},
+      {"include_usage not bool", Api::kChat,
+       Chat(R"("stream":true,"stream_options":{"include_usage":1})"),
        "stream_options.include_usage", "must be a boolean"},
       {"logit_bias not object", Api::kChat, Chat(R"("logit_bias":[1])"), "logit_bias", "an object"},
-      {"logit_bias bad key", Api::kChat, Chat(R"("logit_bias":{"abc":1})"), "logit_bias", "token ids"},
+      {"logit_bias bad key", Api::kChat, Chat(R"("logit_bias":{"abc":1})"), "logit_bias",
+       "token ids"},
       {"logit_bias value too big", Api::kChat, Chat(R"("logit_bias":{"5":101})"), "logit_bias",
        "in [-100, 100], got 101 for token 5"},
-      {"chat logprobs not bool", Api::kChat, Chat(R"("logprobs":1)"), "logprobs", "must be a boolean"},
+      {"chat logprobs not bool", Api::kChat, Chat(R"("logprobs":1)"), "logprobs",
+       "must be a boolean"},
       {"top_logprobs 21", Api::kChat, Chat(R"("logprobs":true,"top_logprobs":21)"), "top_logprobs",
        "in [0, 20], got 21"},
       {"top_logprobs without logprobs", Api::kChat, Chat(R"("top_logprobs":2)"), "top_logprobs",
        "requires 'logprobs'"},
-      {"completion logprobs 6", Api::kCompletion, Comp(R"("logprobs":6)"), "logprobs", "in [0, 5], got 6"},
-      {"completion logprobs bool", Api::kCompletion, Comp(R"("logprobs":true)"), "logprobs", "must be an integer"},
-      {"tools", Api::kChat, Chat(R"("tools":[{"type":"function","function":{"name":"f"}}])"), "tools",
-       "'tools' is not supported"},
-      {"tool_choice auto", Api::kChat, Chat(R"("tool_choice":"auto")"), "tool_choice", "not supported"},
-      {"functions", Api::kChat, Chat(R"("functions":[{"name":"f"}])"), "functions", "not supported"},
-      {"function_call", Api::kChat, Chat(R"("function_call":{"name":"f"})"), "function_call", "not supported"},
-      {"parallel_tool_calls", Api::kChat, Chat(R"("parallel_tool_calls":true)"), "parallel_tool_calls",
+      {"completion logprobs 6", Api::kCompletion, Comp(R"("logprobs":6)"), "logprobs",
+       "in [0, 5], got 6"},
+      {"completion logprobs bool", Api::kCompletion, Comp(R"("logprobs":true)"), "logprobs",
+       "must be an integer"},
+      {"tools", Api::kChat, Chat(R"("tools":[{"type":"function","function":{"name":"f"}}])"),
+       "tools", "'tools' is not supported"},
+      {"tool_choice auto", Api::kChat, Chat(R"("tool_choice":"auto")"), "tool_choice",
        "not supported"},
-      {"response_format json", Api::kChat, Chat(R"("response_format":{"type":"json_object"})"), "response_format",
+      {"functions", Api::kChat, Chat(R"("functions":[{"name":"f"}])"), "functions",
        "not supported"},
-      {"audio", Api::kChat, Chat(R"("audio":{"voice":"alloy","format":"wav"})"), "audio", "not supported"},
-      {"modalities audio", Api::kChat, Chat(R"("modalities":["text","audio"])"), "modalities", "not supported"},
-      {"prediction", Api::kChat, Chat(R"("prediction":{"type":"content","content":"x"})"), "prediction",
+      {"function_call", Api::kChat, Chat(R"("function_call":{"name":"f"})"), "function_call",
        "not supported"},
-      {"web_search_options", Api::kChat, Chat(R"("web_search_options":{})"), "web_search_options", "not supported"},
+      {"parallel_tool_calls", Api::kChat, Chat(R"("parallel_tool_calls":true)"),
+       "parallel_tool_calls", "not supported"},
+      {"response_format json", Api::kChat, Chat(R"("response_format":{"type":"json_object"})"),
+       "response_format", "not supported"},
+      {"audio", Api::kChat, Chat(R"("audio":{"voice":"alloy","format":"wav"})"), "audio",
+       "not supported"},
+      {"modalities audio", Api::kChat, Chat(R"("modalities":["text","audio"])"), "modalities",
+       "not supported"},
+      {"prediction", Api::kChat, Chat(R"("prediction":{"type":"content","content":"x"})"),
+       "prediction", "not supported"},
+      {"web_search_options", Api::kChat, Chat(R"("web_search_options":{})"), "web_search_options",
+       "not supported"},
       {"store true", Api::kChat, Chat(R"("store":true)"), "store", "not supported"},
-      {"service_tier flex", Api::kChat, Chat(R"("service_tier":"flex")"), "service_tier", "not supported"},
-      {"reasoning_effort", Api::kChat, Chat(R"("reasoning_effort":"high")"), "reasoning_effort", "not supported"},
+      {"service_tier flex", Api::kChat, Chat(R"("service_tier":"flex")"), "service_tier",
+       "not supported"},
+      {"reasoning_effort", Api::kChat, Chat(R"("reasoning_effort":"high")"), "reasoning_effort",
+       "not supported"},
       {"suffix", Api::kCompletion, Comp(R"("suffix":"end")"), "suffix", "not supported"},
       {"best_of above n", Api::kCompletion, Comp(R"("best_of":3)"), "best_of", "best_of 3, n 1"},
-      {"echo with logprobs", Api::kCompletion, Comp(R"("echo":true,"logprobs":1)"), "echo", "not supported"},
+      {"echo with logprobs", Api::kCompletion, Comp(R"("echo":true,"logprobs":1)"), "echo",
+       "not supported"},
       {"messages missing", Api::kChat, "{}", "messages", "'messages' is required"},
       {"messages empty", Api::kChat, R"({"messages":[]})", "messages", "must not be empty"},
-      {"messages not array", Api::kChat, R"({"messages":"hi"})", "messages", "must be an array, got string"},
-      {"message not object", Api::kChat, R"({"messages":["hi"]})", "messages[0]", "must be an object"},
-      {"message without role", Api::kChat, R"({"messages":[{"content":"hi"}]})", "messages[0].role", "required"},
-      {"unknown role", Api::kChat, R"({"messages":[{"role":"robot","content":"hi"}]})", "messages[0].role",
-       "got \"robot\""},
-      {"tool role", Api::kChat, R"({"messages":[{"role":"tool","content":"x","tool_call_id":"a"}]})",
-       "messages[0].role", "not supported"},
-      {"content number", Api::kChat, R"({"messages":[{"role":"user","content":5}]})", "messages[0].content",
-       "a string or an array of content parts"},
-      {"user content null", Api::kChat, R"({"messages":[{"role":"user","content":null}]})", "messages[0].content",
+      {"messages not array", Api::kChat, R"({"messages":"hi"})", "messages",
+       "must be an array, got string"},
+      {"message not object", Api::kChat, R"({"messages":["hi"]})", "messages[0]",
+       "must be an object"},
+      {"message without role", Api::kChat, R"({"messages":[{"content":"hi"}]})", "messages[0].role",
        "required"},
+      {"unknown role", Api::kChat, R"({"messages":[{"role":"robot","content":"hi"}]})",
+       "messages[0].role", "got \"robot\""},
+      {"tool role", Api::kChat,
+       R"({"messages":[{"role":"tool","content":"x","tool_call_id":"a"}]})", "messages[0].role",
+       "not supported"},
+      {"content number", Api::kChat, R"({"messages":[{"role":"user","content":5}]})",
+       "messages[0].content", "a string or an array of content parts"},
+      {"user content null", Api::kChat, R"({"messages":[{"role":"user","content":null}]})",
+       "messages[0].content", "required"},
       {"image part", Api::kChat,
        R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]})",
        "messages[0].content[1].type", "\"image_url\" is not supported"},
-      {"text part without text", Api::kChat, R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})",
+      {"text part without text", Api::kChat,
+       R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})",
        "messages[0].content[0].text", "required"},
       {"assistant tool_calls", Api::kChat,
-       R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]})", "messages[0].tool_calls",
-       "not supported"},
-      {"name not string", Api::kChat, R"({"messages":[{"role":"user","content":"a","name":3}]})", "messages[0].name",
-       "must be a string"},
+       R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]})",
+       "messages[0].tool_calls", "not supported"},
+      {"name not string", Api::kChat, R"({"messages":[{"role":"user","content":"a","name":3}]})",
+       "messages[0].name", "must be a string"},
       {"prompt missing", Api::kCompletion, "{}", "prompt", "'prompt' is required"},
       {"prompt number", Api::kCompletion, R"({"prompt":5})", "prompt", "got integer"},
-      {"prompt empty array", Api::kCompletion, R"({"prompt":[]})", "prompt", "must not be an empty array"},
-      {"batched string prompts", Api::kCompletion, R"({"prompt":["a","b"]})", "prompt", "batched prompts"},
-      {"batched id prompts", Api::kCompletion, R"({"prompt":[[1,2],[3]]})", "prompt", "batched prompts"},
+      {"prompt empty array", Api::kCompletion, R"({"prompt":[]})", "prompt",
+       "must not be an empty array"},
+      {"batched string prompts", Api::kCompletion, R"({"prompt":["a","b"]})", "prompt",
+       "batched prompts"},
+      {"batched id prompts", Api::kCompletion, R"({"prompt":[[1,2],[3]]})", "prompt",
+       "batched prompts"},
       {"negative token id", Api::kCompletion, R"({"prompt":[1,-2]})", "prompt", "token id -2"},
-      {"mixed prompt array", Api::kCompletion, R"({"prompt":[1,"a"]})", "prompt", "array of token ids"},
-      {"cache_salt number", Api::kChat, Chat(R"("cache_salt":1)"), "cache_salt", "must be a string"},
-      {"cache_salt empty", Api::kChat, Chat(R"("cache_salt":"")"), "cache_salt", "must not be empty"},
-      {"priority fractional", Api::kChat, Chat(R"("priority":0.5)"), "priority", "must be an integer"},
-      {"priority too large", Api::kChat, Chat(R"("priority":5000000000)"), "priority", "32-bit integer"},
-      {"ignore_eos string", Api::kCompletion, Comp(R"("ignore_eos":"true")"), "ignore_eos", "must be a boolean"},
-      {"stop_token_ids not array", Api::kCompletion, Comp(R"("stop_token_ids":3)"), "stop_token_ids", "array"},
+      {"mixed prompt array", Api::kCompletion, R"({"prompt":[1,"a"]})", "prompt",
+       "array of token ids"},
+      {"cache_salt number", Api::kChat, Chat(R"("cache_salt":1)"), "cache_salt",
+       "must be a string"},
+      {"cache_salt empty", Api::kChat, Chat(R"("cache_salt":"")"), "cache_salt",
+       "must not be empty"},
+      {"priority fractional", Api::kChat, Chat(R"("priority":0.5)"), "priority",
+       "must be an integer"},
+      {"priority too large", Api::kChat, Chat(R"("priority":5000000000)"), "priority",
+       "32-bit integer"},
+      {"ignore_eos string", Api::kCompletion, Comp(R"("ignore_eos":"true")"), "ignore_eos",
+       "must be a boolean"},
+      {"stop_token_ids not array", Api::kCompletion, Comp(R"("stop_token_ids":3)"),
+       "stop_token_ids", "array"},
       {"user not string", Api::kChat, Chat(R"("user":1)"), "user", "must be a string"},
-      {"tokenize both prompt and messages", Api::kTokenize, Chat(R"("prompt":"x")"), "messages", "exactly one"},
+      {"tokenize both prompt and messages", Api::kTokenize, Chat(R"("prompt":"x")"), "messages",
+       "exactly one"},
       {"tokenize neither", Api::kTokenize, "{}", "prompt", "exactly one"},
   };
 }
@@ -180,12 +227,26 @@ TEST(OpenAiProtocol, BadRequestsAre400sThatNameTheProblem) {
 }
 
 TEST(OpenAiProtocol, RangeBoundariesAreAccepted) {
-  for (const std::string extra :
-       {R"("temperature":0)", R"("temperature":2)", R"("top_p":1)", R"("top_p":0.0001)", R"("top_k":-1)",
-        R"("top_k":0)", R"("top_k":1)", R"("min_p":0)", R"("min_p":1)", R"("presence_penalty":-2)",
-        R"("frequency_penalty":2)", R"("repetition_penalty":0.01)", R"("logprobs":true,"top_logprobs":20)",
-        R"("logprobs":true,"top_logprobs":0)", R"("max_tokens":1)", R"("stop":["a","b","c","d"])",
-        R"("logit_bias":{"0":-100,"1":100})", R"("seed":-1)", R"("max_tokens":2.0)", R"("n":1,"best_of":null)"}) {
+  for (const std::string extra : {R"("temperature":0)",
+                                  R"("temperature":2)",
+                                  R"("top_p":1)",
+                                  R"("top_p":0.0001)",
+                                  R"("top_k":-1)",
+                                  R"("top_k":0)",
+                                  R"("top_k":1)",
+                                  R"("min_p":0)",
+                                  R"("min_p":1)",
+                                  R"("presence_penalty":-2)",
+                                  R"("frequency_penalty":2)",
+                                  R"("repetition_penalty":0.01)",
+                                  R"("logprobs":true,"top_logprobs":20)",
+                                  R"("logprobs":true,"top_logprobs":0)",
+                                  R"("max_tokens":1)",
+                                  R"("stop":["a","b","c","d"])",
+                                  R"("logit_bias":{"0":-100,"1":100})",
+                                  R"("seed":-1)",
+                                  R"("max_tokens":2.0)",
+                                  R"("n":1,"best_of":null)"}) {
     SCOPED_TRACE(extra);
     GenerationParams p;
     auto err = ParseChatRequest(Chat(extra), &p);
@@ -252,8 +313,9 @@ TEST(OpenAiProtocol, ChatRequestParsesEveryField) {
 TEST(OpenAiProtocol, NullMeansAbsent) {
   GenerationParams p;
   auto err = ParseChatRequest(
-      Chat(R"("temperature":null,"max_tokens":null,"stop":null,"seed":null,"stream_options":null,"tools":null,)"
-           R"("logit_bias":null,"n":null,"user":null)"),
+      Chat(
+          R"("temperature":null,"max_tokens":null,"stop":null,"seed":null,"stream_options":null,"tools":null,)"
+          R"("logit_bias":null,"n":null,"user":null)"),
       &p);
   ASSERT_FALSE(err.has_value()) << err->message;
   EXPECT_FLOAT_EQ(p.sampling.temperature, 1.0f);
@@ -266,7 +328,8 @@ TEST(OpenAiProtocol, NullMeansAbsent) {
 
 TEST(OpenAiProtocol, CompletionPromptShapes) {
   GenerationParams p;
-  ASSERT_FALSE(ParseCompletionRequest(R"({"prompt":"hello","max_tokens":3,"echo":true,"logprobs":null})", &p));
+  ASSERT_FALSE(ParseCompletionRequest(
+      R"({"prompt":"hello","max_tokens":3,"echo":true,"logprobs":null})", &p));
   EXPECT_EQ(p.kind, ApiKind::kCompletion);
   EXPECT_EQ(p.prompt_text, "hello");
   EXPECT_FALSE(p.prompt_is_ids);
@@ -296,7 +359,8 @@ TEST(OpenAiProtocol, CompletionPromptShapes) {
 
 TEST(OpenAiProtocol, TokenizeAndDetokenizeRequests) {
   GenerationParams p;
-  ASSERT_FALSE(ParseTokenizeRequest(R"({"prompt":"hi","add_special_tokens":false,"model":"m"})", &p));
+  ASSERT_FALSE(
+      ParseTokenizeRequest(R"({"prompt":"hi","add_special_tokens":false,"model":"m"})", &p));
   EXPECT_EQ(p.kind, ApiKind::kCompletion);
   EXPECT_EQ(p.prompt_text, "hi");
   EXPECT_EQ(p.add_special_tokens, false);
@@ -385,19 +449,22 @@ json ParseSse(const std::string& event) {
 }
 
 TEST(OpenAiProtocol, StreamingChunks) {
-  json first = ParseSse(ChatChunk("c1", 9, "m", 0, std::string("assistant"), std::string(), nullptr, "", false));
+  json first = ParseSse(
+      ChatChunk("c1", 9, "m", 0, std::string("assistant"), std::string(), nullptr, "", false));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"], (json{{"role", "assistant"}, {"content", ""}}));
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   EXPECT_FALSE(first.contains("usage"));
 
-  json mid = ParseSse(ChatChunk("c1", 9, "m", 1, std::nullopt, std::string("lo"), nullptr, "", true));
+  json mid =
+      ParseSse(ChatChunk("c1", 9, "m", 1, std::nullopt, std::string("lo"), nullptr, "", true));
   EXPECT_EQ(mid["choices"][0]["index"], 1);
   EXPECT_EQ(mid["choices"][0]["delta"], (json{{"content", "lo"}}));
   EXPECT_TRUE(mid.contains("usage"));
   EXPECT_TRUE(mid["usage"].is_null());
 
-  json last = ParseSse(ChatChunk("c1", 9, "m", 0, std::nullopt, std::nullopt, nullptr, "stop", false));
+  json last =
+      ParseSse(ChatChunk("c1", 9, "m", 0, std::nullopt, std::nullopt, nullptr, "stop", false));
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
 

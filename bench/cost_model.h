@@ -1,0 +1,116 @@
+#pragma once
+// The simulator's cost of one engine step (one batched forward pass), and the
+// cluster file (`strata bench simulate --cluster FILE.yaml`) that names it.
+//
+// Step cost, in seconds, for a batch of prefill chunks and decode tokens:
+//   prefill part = a + b * T + c * sum over chunks of (t * ctx)
+//       T = prompt tokens in the step; a chunk of t tokens starting at
+//       position p has ctx = p + t / 2 (the mean context each of its tokens
+//       attends to)
+//   decode part  = d + e * B + f * sum over decode sequences of context
+//       B = decode sequences (one token each); context = positions attended
+//   step = max(a, d) + (prefill part - a) + (decode part - d), each part only
+//   when present (one forward pass pays one fixed overhead).
+// A one-token "chunk" (the last prompt token) counts as decode.
+//
+// Profiles (docs/simulator.md explains where each number comes from):
+//   "cpu-bench-110m"  fitted to docs/PERFORMANCE.md (bench-110m f32, 2
+//                     threads, run 3): measured on this machine.
+//   "h200-llama-8b"   Llama-3-8B bf16 on one H200: ASSUMPTIONS scaled from
+//                     published figures (not measured here).
+//
+// Thread-safety: plain values and pure functions.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "model/forward.h"
+
+namespace strata::bench {
+
+struct CostModel {
+  double a = 0, b = 0, c = 0;  // prefill: fixed s, s per token, s per token x context
+  double d = 0, e = 0, f = 0;  // decode: fixed s, s per sequence, s per context position
+
+  // Seconds for one forward pass over `batch` (ForwardSeq as the engine
+  // builds it: tokens, start_pos). 0 for an empty batch.
+  double StepSeconds(std::span<const ForwardSeq> batch) const;
+  // Prompt tokens per second of a long prefill at short context (1 / b), for
+  // the KV manager's "load or recompute" estimate; 0 when b is 0.
+  double recompute_tokens_per_s() const { return b > 0 ? 1.0 / b : 0.0; }
+};
+
+// Reads {"a":..,"b":..,"c":..,"d":..,"e":..,"f":..} (missing keys are 0;
+// negative values are an error). Errors name the file.
+Result<CostModel> LoadCostModel(const std::string& path);
+std::string CostModelJson(const CostModel& m);
+
+// One simulated serving instance (all instances of a cluster are alike).
+struct InstanceConfig {
+  std::string profile;        // the profile it started from
+  std::string model;          // bench-110m | bench-1b | llama-8b (KV bytes per token)
+  uint64_t kv_bytes_per_token = 0;  // K and V of one token over all layers
+  int block_size = 16;
+  uint64_t device_bytes = 0;  // KV pool; rounded down to whole blocks
+  uint64_t host_bytes = 0;    // 0 = no host tier
+  uint64_t disk_bytes = 0;    // 0 = no disk tier
+  double host_read_bytes_per_s = 0, host_write_bytes_per_s = 0;  // 0 = instant
+  double disk_read_bytes_per_s = 0, disk_write_bytes_per_s = 0;
+  int max_num_seqs = 64;
+  int max_batch_tokens = 512;
+  CostModel cost;
+  std::string cost_source;    // "profile NAME", "file PATH" or "cluster file"
+
+  uint64_t block_bytes() const { return kv_bytes_per_token * static_cast<uint64_t>(block_size); }
+};
+
+enum class Routing { kRoundRobin, kLongestPrefix };
+
+struct ClusterConfig {
+  int instances = 1;
+  Routing routing = Routing::kRoundRobin;
+  InstanceConfig instance;
+};
+
+// Profile names: "cpu-bench-110m" (the default), "h200-llama-8b".
+std::vector<std::string> ProfileNames();
+Result<InstanceConfig> ProfileInstance(const std::string& name);
+
+// KV bytes per token of a model preset: "bench-110m", "bench-1b" (model/
+// synth.h shapes) or "llama-8b" (32 layers, 8 KV heads of 128), at `dtype`
+// (f16 | bf16 | f32).
+Result<uint64_t> KvBytesPerToken(const std::string& model, const std::string& dtype);
+
+// The cluster file (YAML):
+//   instances: 2                     # N identical instances
+//   routing: longest-prefix          # or round-robin
+//   instance:
+//     profile: h200-llama-8b         # starting values; the keys below override
+//     model: llama-8b                # sets kv_bytes_per_token (with kv_dtype)
+//     kv_dtype: bf16
+//     kv_bytes_per_token: 131072
+//     block_size: 16
+//     device_bytes: 40G              # sizes take K/M/G/T (binary)
+//     host_bytes: 512G
+//     disk_bytes: 4T
+//     host_read_bytes_per_s: 50G     # bandwidths: bytes per second, same suffixes
+//     host_write_bytes_per_s: 50G
+//     disk_read_bytes_per_s: 6G
+//     disk_write_bytes_per_s: 3G
+//     max_num_seqs: 256
+//     max_batch_tokens: 8192
+//     cost:                          # any of a..f override the profile's
+//       a: 0.005
+//       calibrated: costs.json       # or a whole cost model from a file
+// Unknown keys are an error naming the key. Relative paths are relative to
+// the cluster file's folder.
+Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& base_dir);
+Result<ClusterConfig> LoadClusterConfig(const std::string& path);
+// The default cluster: one "cpu-bench-110m" instance.
+ClusterConfig DefaultCluster();
+
+}  // namespace strata::bench

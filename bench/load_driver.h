@@ -1,0 +1,119 @@
+#pragma once
+// The live load driver of `strata bench run`: sends a Workload to an
+// OpenAI-compatible server over streaming HTTP and records, per request, when
+// it started, when each token arrived, when it ended, the usage the server
+// reported (prompt, cached by tier, generated) and any error.
+//
+// Loops:
+// - open loop: each session starts at its trace timestamp × time_scale, or at
+//   Poisson arrivals of `rate` sessions per second; nothing waits for earlier
+//   requests (a session's later turns still follow its earlier ones).
+// - closed loop: `concurrency` users, each running one session after the
+//   other to completion.
+// Chat turns wait think_time_s after the previous turn's end.
+//
+// Threads: one thread per in-flight session (blocking sockets), plus one
+// monitor thread that scrapes /metrics and draws the progress bar. That holds
+// 64 concurrent streams on two cores easily; beyond a few hundred streams the
+// thread stacks and context switches dominate, and an event-loop client would
+// be needed.
+//
+// Thread-safety: RunLoad is called from one thread and blocks until the run
+// ends; the functions below it are pure.
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/workload.h"
+#include "common/status.h"
+
+namespace strata::bench {
+
+inline constexpr std::array<const char*, 4> kTierNames = {"device", "host", "disk", "remote"};
+
+struct RequestRecord {
+  int64_t index = 0;  // order of completion bookkeeping: workload order
+  int session = 0;
+  int turn = 0;
+  double scheduled_s = 0;  // when it was due (open loop), else = start_s
+  double start_s = 0;      // seconds since the run started
+  double first_token_s = -1;  // < 0: no token arrived
+  double end_s = 0;
+  std::vector<double> token_s;  // arrival of every content chunk
+  int64_t sent_prompt_tokens = 0;  // token workloads: ids sent; chat: 0
+  int max_tokens = 0;
+  int64_t prompt_tokens = 0;  // from usage
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+  std::array<int64_t, 4> cached_by_tier{};  // kTierNames order
+  int http_status = 0;  // 0: no HTTP answer (transport error)
+  // "" on success; else an error class: "http_<status>", "transport",
+  // "stream" (an error event inside a 200 stream), "context" (refused
+  // because the prompt does not fit the model's context).
+  std::string error;
+  std::string error_message;
+
+  bool ok() const { return error.empty(); }
+};
+
+// One scrape of the server's /metrics (counters summed over label sets).
+struct MetricsSample {
+  double t_s = 0;
+  double queries = 0;  // strata_prefix_cache_queries_total
+  std::array<double, 4> hits{};  // strata_prefix_cache_hits_total by tier
+  double running = 0, waiting = 0;  // gauges
+  double rejected = 0;  // strata_requests_rejected_total
+};
+
+struct LoadOptions {
+  std::string host;
+  int port = 0;
+  std::string model;  // "model" field of requests
+  // Exactly one mode: rate > 0 (Poisson open loop), concurrency > 0 (closed
+  // loop), or neither with trace timestamps (open loop at time_scale).
+  double rate = 0;
+  int concurrency = 0;
+  double time_scale = 1.0;  // trace timestamps are multiplied by it
+  uint64_t seed = 1;        // Poisson arrivals
+  double request_timeout_s = 600;  // per wait for bytes of one stream
+  double scrape_interval_s = 1.0;  // 0 = only before and after
+  bool progress = false;           // draw a progress bar on stderr
+  int max_model_len = 0;           // for classifying context refusals
+  // Sends a different "cache_salt" with every request, so that no request
+  // can reuse another's KV blocks: a cache-off baseline against any server
+  // that honours cache_salt (strata serve, vLLM).
+  bool unique_cache_salt = false;
+};
+
+struct LoadResult {
+  std::vector<RequestRecord> records;  // workload order (session, turn)
+  std::vector<MetricsSample> scrapes;  // first before, last after the run
+  bool metrics_available = false;
+  double duration_s = 0;  // run start to last request end
+  int64_t skipped_over_context = 0;  // the workload's + context refusals
+  int64_t not_sent = 0;   // chat turns left out after an earlier turn failed
+};
+
+// Runs the whole workload. Errors only for setup (bad options); request
+// failures are records.
+Result<LoadResult> RunLoad(const Workload& workload, const LoadOptions& options);
+
+// Parses Prometheus text into a sample (t_s left 0). Missing metrics stay 0.
+MetricsSample ParseMetricsSample(const std::string& prometheus_text);
+
+// GET /v1/models: the first model's id and max_model_len (0 if absent).
+struct ServedModel {
+  std::string id;
+  int max_model_len = 0;
+};
+Result<ServedModel> QueryModel(const std::string& host, int port);
+
+// The vocabulary size, learnt from the server's refusal of an out-of-range
+// token id ("... outside the vocabulary [0, N)"); nullopt-like 0 when the
+// answer does not say.
+int ProbeVocabSize(const std::string& host, int port, const std::string& model);
+
+}  // namespace strata::bench

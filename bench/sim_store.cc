@@ -1,0 +1,128 @@
+#include "bench/sim_store.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+namespace strata::bench {
+
+SimStore::SimStore(const SimStoreOptions& options, kvcache::Clock* clock)
+    : options_(options),
+      clock_(clock),
+      max_blocks_(options.block_bytes == 0 ? 0 : options.capacity_bytes / options.block_bytes) {}
+
+kvcache::StoreStats SimStore::stats() const {
+  kvcache::StoreStats s;
+  s.capacity_bytes = max_blocks_ * options_.block_bytes;
+  s.blocks = index_.size();
+  s.used_bytes = s.blocks * options_.block_bytes;
+  s.evictions = evictions_;
+  s.write_errors = write_errors_;
+  return s;
+}
+
+bool SimStore::Contains(const BlockHash& h) const { return index_.count(h) != 0; }
+
+size_t SimStore::CountPrefix(std::span<const BlockHash> chain) const {
+  size_t n = 0;
+  while (n < chain.size() && index_.count(chain[n]) != 0) ++n;
+  return n;
+}
+
+int64_t SimStore::Schedule(int64_t* channel_free, double bytes_per_s) {
+  const int64_t now = clock_->NowNanos();
+  if (bytes_per_s <= 0) return now;
+  const int64_t start = std::max(now, *channel_free);
+  const double secs = static_cast<double>(options_.block_bytes) / bytes_per_s;
+  const int64_t done = start + static_cast<int64_t>(std::ceil(secs * 1e9));
+  *channel_free = done;
+  return done;
+}
+
+Status SimStore::SubmitWrite(const BlockHash& h, const Sha256Digest& /*ns*/, std::span<const uint8_t> /*data*/,
+                             uint64_t tag) {
+  const int64_t now = clock_->NowNanos();
+  if (max_blocks_ == 0) {
+    ++write_errors_;
+    pending_.push({now, next_seq_++, tag, true, h, Status::ResourceExhausted("tier '" + options_.name + "' is off")});
+    return Status::Ok();
+  }
+  if (index_.count(h) != 0) {
+    Touch(h);
+    pending_.push({now, next_seq_++, tag, true, h, Status::Ok()});
+    return Status::Ok();
+  }
+  pending_.push({Schedule(&write_free_nanos_, options_.write_bytes_per_s), next_seq_++, tag, true, h, Status::Ok()});
+  return Status::Ok();
+}
+
+Status SimStore::SubmitRead(const BlockHash& h, std::span<uint8_t> /*dst*/, uint64_t tag) {
+  if (index_.count(h) == 0) {
+    pending_.push({clock_->NowNanos(), next_seq_++, tag, false, h, Status::NotFound("block not in tier '" + options_.name + "'")});
+    return Status::Ok();
+  }
+  Touch(h);
+  pending_.push({Schedule(&read_free_nanos_, options_.read_bytes_per_s), next_seq_++, tag, false, h, Status::Ok()});
+  return Status::Ok();
+}
+
+void SimStore::Insert(const BlockHash& h) {
+  if (index_.count(h) != 0) {
+    Touch(h);
+    return;
+  }
+  while (index_.size() >= max_blocks_ && !lru_.empty()) {
+    index_.erase(lru_.front());
+    lru_.pop_front();
+    ++evictions_;
+  }
+  lru_.push_back(h);
+  index_.emplace(h, std::prev(lru_.end()));
+}
+
+void SimStore::Touch(const BlockHash& h) {
+  auto it = index_.find(h);
+  if (it == index_.end()) return;
+  lru_.splice(lru_.end(), lru_, it->second);
+}
+
+size_t SimStore::Poll(std::vector<kvcache::StoreCompletion>* out) {
+  const int64_t now = clock_->NowNanos();
+  size_t n = 0;
+  while (!pending_.empty() && pending_.top().done_nanos <= now) {
+    Pending p = pending_.top();
+    pending_.pop();
+    if (p.is_write && p.status.ok()) Insert(p.hash);
+    out->push_back({p.tag, std::move(p.status)});
+    ++n;
+  }
+  return n;
+}
+
+void SimStore::Drain(std::vector<kvcache::StoreCompletion>* out) {
+  while (!pending_.empty()) {
+    Pending p = pending_.top();
+    pending_.pop();
+    if (p.is_write && p.status.ok()) Insert(p.hash);
+    out->push_back({p.tag, std::move(p.status)});
+  }
+}
+
+Status SimStore::Remove(const BlockHash& h) {
+  auto it = index_.find(h);
+  if (it == index_.end()) return Status::Ok();
+  lru_.erase(it->second);
+  index_.erase(it);
+  return Status::Ok();
+}
+
+Status SimStore::Flush(const Sha256Digest* /*ns*/) {
+  // One model per simulated instance: every block is of its namespace.
+  lru_.clear();
+  index_.clear();
+  return Status::Ok();
+}
+
+int64_t SimStore::next_completion_nanos() const { return pending_.empty() ? INT64_MAX : pending_.top().done_nanos; }
+
+}  // namespace strata::bench

@@ -1,0 +1,99 @@
+#pragma once
+// A metadata-only lower tier for the cluster simulator: a BlockStore that
+// keeps hashes (no bytes) in an LRU of `capacity_bytes / block_bytes` blocks
+// and finishes reads and writes after the time their bytes would take at the
+// tier's bandwidth, on the injected (virtual) clock.
+//
+// Timing model: reads and writes each go through one FIFO channel; an
+// operation starts when its channel is free (or at submit time, whichever is
+// later) and takes block_bytes / bandwidth seconds (0 bandwidth = instant).
+// A written block becomes visible (Contains, CountPrefix, reads) when its
+// write completes; a write of a hash already held completes OK at once and
+// touches it. A read of a hash not held completes NotFound at once. A read
+// touches the block (LRU). Eviction: least recently used, when a write
+// completes into a full store. capacity 0 = the tier is off (writes fail).
+//
+// Unlike HostStore's metadata-only mode (instant operations), this lets tier
+// bandwidth show up in simulated TTFT: the engine does not run a request
+// until its loads complete.
+//
+// Thread-safety: one thread drives a store (BlockStore's rule).
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvcache/block_hash.h"
+#include "kvcache/block_store.h"
+#include "kvcache/clock.h"
+
+namespace strata::bench {
+
+struct SimStoreOptions {
+  std::string name = "host";     // "host", "disk", ...
+  uint64_t capacity_bytes = 0;   // rounded down to whole blocks
+  uint64_t block_bytes = 0;      // REQUIRES: > 0
+  double read_bytes_per_s = 0;   // 0 = instant
+  double write_bytes_per_s = 0;  // 0 = instant
+};
+
+class SimStore final : public kvcache::BlockStore {
+ public:
+  // `clock` must outlive the store.
+  SimStore(const SimStoreOptions& options, kvcache::Clock* clock);
+
+  std::string_view name() const override { return options_.name; }
+  kvcache::StoreStats stats() const override;
+
+  bool Contains(const BlockHash& h) const override;
+  size_t CountPrefix(std::span<const BlockHash> chain) const override;
+
+  // `data` and `dst` are ignored (no bytes exist); they may be empty.
+  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
+                     uint64_t tag) override;
+  Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override;
+  // Completes the operations whose finish time is <= the clock's now.
+  size_t Poll(std::vector<kvcache::StoreCompletion>* out) override;
+  // Completes everything pending regardless of time (shutdown).
+  void Drain(std::vector<kvcache::StoreCompletion>* out) override;
+
+  Status Remove(const BlockHash& h) override;
+  Status Flush(const Sha256Digest* ns) override;
+
+  // Clock time of the earliest pending completion; INT64_MAX when none.
+  int64_t next_completion_nanos() const;
+  uint64_t max_blocks() const { return max_blocks_; }
+
+ private:
+  struct Pending {
+    int64_t done_nanos;
+    uint64_t seq;  // FIFO among equal times
+    uint64_t tag;
+    bool is_write;
+    BlockHash hash;
+    Status status;
+    bool operator>(const Pending& o) const {
+      return done_nanos != o.done_nanos ? done_nanos > o.done_nanos : seq > o.seq;
+    }
+  };
+  int64_t Schedule(int64_t* channel_free, double bytes_per_s);
+  void Insert(const BlockHash& h);
+  void Touch(const BlockHash& h);
+
+  const SimStoreOptions options_;
+  kvcache::Clock* const clock_;
+  const uint64_t max_blocks_;
+  // LRU: front = least recently used.
+  std::list<BlockHash> lru_;
+  std::unordered_map<BlockHash, std::list<BlockHash>::iterator, kvcache::BlockHashHasher> index_;
+  std::priority_queue<Pending, std::vector<Pending>, std::greater<Pending>> pending_;
+  int64_t read_free_nanos_ = 0, write_free_nanos_ = 0;
+  uint64_t next_seq_ = 0;
+  uint64_t evictions_ = 0, write_errors_ = 0;
+};
+
+}  // namespace strata::bench

@@ -1,0 +1,489 @@
+#include "bench/simulator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "bench/sim_store.h"
+#include "kvcache/block_hash.h"
+#include "kvcache/clock.h"
+#include "kvcache/kv_manager.h"
+#include "model/gguf_tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
+#include "scheduler/engine.h"
+
+namespace strata::bench {
+namespace {
+
+constexpr int64_t kNever = INT64_MAX;
+// Above any prompt a trace holds; the engine checks prompt + max_tokens
+// against it.
+constexpr int kSimContextLength = 1 << 24;
+
+// The model stand-in: zero logits, cost from the model.
+class SimRunner final : public scheduler::StepRunner {
+ public:
+  SimRunner(const CostModel& cost, int vocab) : cost_(cost), vocab_(vocab) {}
+  Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) override {
+    seconds_ += cost_.StepSeconds(batch);
+    const size_t n = batch.size() * static_cast<size_t>(vocab_);
+    // The sampler only reads logits, so zeros written once stay zeros.
+    if (logits->size() < n) logits->resize(n, 0.0f);
+    return Status::Ok();
+  }
+  int vocab_size() const override { return vocab_; }
+  int context_length() const override { return kSimContextLength; }
+  double TakeSeconds() { return std::exchange(seconds_, 0.0); }
+
+ private:
+  const CostModel cost_;
+  const int vocab_;
+  double seconds_ = 0;
+};
+
+struct Event {
+  size_t req;
+  bool finished;
+  bool ok;
+  int32_t completion_tokens;
+  int32_t cached_tokens;
+  std::vector<int32_t> by_tier;
+  std::string reason;
+};
+
+struct Instance {
+  std::unique_ptr<SimStore> host, disk;
+  std::unique_ptr<kvcache::KvManager> kv;
+  std::unique_ptr<SimRunner> runner;
+  std::unique_ptr<scheduler::Engine> engine;
+  int64_t free_at = 0;
+  int64_t wake = kNever;
+  int unfinished = 0;
+  int zero_steps = 0;  // consecutive steps that did work without a forward pass
+  std::vector<Event> events;
+
+  int64_t NextStoreCompletion() const {
+    int64_t t = kNever;
+    if (host) t = std::min(t, host->next_completion_nanos());
+    if (disk) t = std::min(t, disk->next_completion_nanos());
+    return t;
+  }
+};
+
+struct Pending {
+  int64_t release_ns = 0;
+  int32_t prompt_len = 0;
+  int32_t output_len = 0;
+  bool skipped = false;
+  bool whole_prompt_cached = false;  // at release (only asked when ideally possible)
+  bool got_first = false;
+  std::vector<int32_t> id_ends;      // cumulative token end of each hash id
+};
+
+int64_t FloorTo(int64_t v, int64_t m) { return v / m * m; }
+
+// Device blocks that can never run out for this trace: every block a request
+// could ever need, bounded by "new chains + what runs at once".
+int64_t UnlimitedBlocks(const std::vector<TraceRequest>& trace, size_t n, const SimOptions& o, int bs,
+                        const std::vector<uint32_t>& ideal) {
+  int64_t all = 0, unique = 0, largest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const TraceRequest& r = trace[i];
+    int64_t prompt = 0, fresh = 0;
+    for (size_t k = 0; k < r.hash_ids.size(); ++k) {
+      const int64_t t = HashIdTokenCount(r, k, o.tokens_per_hash_id);
+      prompt += t;
+      if (k >= ideal[i]) fresh += t;
+    }
+    int64_t out = r.output_length;
+    if (o.tokens_per_hash_id > 0) {
+      out = std::max<int64_t>(1, (out * o.tokens_per_hash_id + kTraceTokensPerHashId - 1) / kTraceTokensPerHashId);
+    }
+    const int64_t req_blocks = (prompt + out) / bs + 2;
+    all += req_blocks;
+    unique += (fresh + out) / bs + 3;
+    largest = std::max(largest, req_blocks);
+  }
+  const int64_t running = static_cast<int64_t>(o.cluster.instance.max_num_seqs) * largest;
+  return std::min<int64_t>({all + 16, unique + running + 16, INT32_MAX - 1});
+}
+
+}  // namespace
+
+double SimPercentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  p = std::clamp(p, 0.0, 100.0);
+  const double rank = p / 100.0 * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double frac = rank - static_cast<double>(lo);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
+}
+
+Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOptions& o) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  const InstanceConfig& ic = o.cluster.instance;
+  const int bs = ic.block_size;
+  if (bs < 1) return Status::InvalidArgument("block_size must be >= 1");
+  if (o.vocab_size <= o.first_id + 1 || o.first_id < 0) return Status::InvalidArgument("bad vocab_size / first_id");
+  if (o.tokens_per_hash_id < 0) return Status::InvalidArgument("tokens_per_hash_id must be >= 0");
+  if (!(o.time_scale >= 0)) return Status::InvalidArgument("time_scale must be >= 0");
+  const size_t n = o.max_requests > 0 ? std::min(trace.size(), static_cast<size_t>(o.max_requests)) : trace.size();
+  const std::vector<TraceRequest> head(trace.begin(), trace.begin() + static_cast<std::ptrdiff_t>(n));
+  const std::vector<uint32_t> ideal = IdealHitIdsPerRequest(head);
+
+  TokenizerSpec spec = SyntheticVocab(o.vocab_size);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Create(std::move(spec)));
+
+  kvcache::ManualClock clock(0);
+  const uint64_t block_bytes = ic.block_bytes();
+  int64_t device_blocks = block_bytes == 0 ? 0 : static_cast<int64_t>(ic.device_bytes / block_bytes);
+  if (o.unlimited_cache) device_blocks = UnlimitedBlocks(head, n, o, bs, ideal);
+  device_blocks = std::min<int64_t>(device_blocks, INT32_MAX - 1);
+  if (device_blocks < 1) return Status::InvalidArgument("the device pool holds no block");
+
+  std::vector<Instance> inst(static_cast<size_t>(o.cluster.instances));
+  for (Instance& in : inst) {
+    kvcache::KvManagerOptions ko;
+    ko.block_size = bs;
+    ko.num_device_blocks = static_cast<int32_t>(device_blocks);
+    ko.block_bytes = block_bytes;
+    ko.ns = kvcache::NamespaceDigest("simulated-" + ic.model, "llama", "f16", bs);
+    ko.load_policy = kvcache::LoadPolicy::kAuto;
+    ko.recompute_tokens_per_s = ic.cost.recompute_tokens_per_s();
+    std::vector<kvcache::LowerTier> lowers;
+    if (!o.unlimited_cache && ic.host_bytes > 0) {
+      in.host = std::make_unique<SimStore>(
+          SimStoreOptions{"host", ic.host_bytes, block_bytes, ic.host_read_bytes_per_s, ic.host_write_bytes_per_s},
+          &clock);
+      lowers.push_back({in.host.get(), kvcache::WritePolicy::kWriteThrough, 0, ic.host_read_bytes_per_s});
+    }
+    if (!o.unlimited_cache && ic.disk_bytes > 0) {
+      in.disk = std::make_unique<SimStore>(
+          SimStoreOptions{"disk", ic.disk_bytes, block_bytes, ic.disk_read_bytes_per_s, ic.disk_write_bytes_per_s},
+          &clock);
+      lowers.push_back({in.disk.get(), kvcache::WritePolicy::kWriteThrough, 0, ic.disk_read_bytes_per_s});
+    }
+    STRATA_ASSIGN_OR_RETURN(in.kv, kvcache::KvManager::Create(ko, kvcache::BlockMemoryFn{}, std::move(lowers), &clock));
+    in.runner = std::make_unique<SimRunner>(ic.cost, o.vocab_size);
+    scheduler::EngineOptions eo;
+    eo.max_batch_tokens = ic.max_batch_tokens;
+    eo.max_running = ic.max_num_seqs;
+    eo.max_waiting = std::max(1, o.max_waiting);
+    STRATA_ASSIGN_OR_RETURN(in.engine,
+                            scheduler::Engine::Create(eo, in.runner.get(), in.kv.get(), tokenizer.get(), &clock));
+  }
+  const size_t num_tiers = 1 + inst[0].kv->num_lower_tiers();
+
+  // Per-request bookkeeping; prompts are built only at release.
+  SimResult res;
+  res.records.resize(n);
+  std::vector<Pending> pend(n);
+  for (size_t i = 0; i < n; ++i) {
+    const TraceRequest& r = head[i];
+    Pending& p = pend[i];
+    p.release_ns = static_cast<int64_t>(std::llround(static_cast<double>(r.timestamp_ms) * o.time_scale * 1e6));
+    int64_t end = 0;
+    for (size_t k = 0; k < r.hash_ids.size(); ++k) {
+      end += HashIdTokenCount(r, k, o.tokens_per_hash_id);
+      p.id_ends.push_back(static_cast<int32_t>(std::min<int64_t>(end, INT32_MAX)));
+    }
+    p.prompt_len = p.id_ends.back();
+    p.output_len = o.tokens_per_hash_id > 0
+                       ? static_cast<int32_t>(std::max<int64_t>(
+                             1, (static_cast<int64_t>(r.output_length) * o.tokens_per_hash_id + kTraceTokensPerHashId - 1) /
+                                    kTraceTokensPerHashId))
+                       : r.output_length;
+    const int64_t total = static_cast<int64_t>(p.prompt_len) + p.output_len;
+    SimRequestRecord& rec = res.records[i];
+    rec.arrival_s = static_cast<double>(p.release_ns) * 1e-9;
+    rec.prompt_tokens = p.prompt_len;
+    rec.hash_ids = static_cast<uint32_t>(r.hash_ids.size());
+    rec.ideal_ids = ideal[i];
+    if (o.max_model_len > 0 && total > o.max_model_len) {
+      p.skipped = true;
+      rec.finish_reason = "skipped";
+      ++res.skipped_over_context;
+    } else if ((total + bs - 1) / bs + 1 > device_blocks) {
+      // It could never hold its own blocks: the engine would preempt it
+      // forever. A real deployment sizes the pool for its longest request.
+      p.skipped = true;
+      rec.finish_reason = "skipped";
+      ++res.skipped_over_capacity;
+    }
+  }
+
+  // Leading hash ids whose tokens lie in the first `covered` tokens (whole
+  // cached blocks); the trailing id needs only its full blocks.
+  auto ids_covered = [&](const Pending& p, int64_t covered) -> uint32_t {
+    uint32_t served = 0;
+    for (size_t k = 0; k < p.id_ends.size(); ++k) {
+      const int64_t start = k == 0 ? 0 : p.id_ends[k - 1];
+      const bool last = k + 1 == p.id_ends.size();
+      const int64_t need = last ? FloorTo(p.id_ends[k], bs) : p.id_ends[k];
+      if (need <= start || covered < need) break;
+      ++served;
+    }
+    return served;
+  };
+  // Hash ids served, from the tokens the engine took from cache.
+  auto served_ids = [&](size_t i, int32_t cached) -> uint32_t {
+    const Pending& p = pend[i];
+    int64_t covered = cached;
+    const int64_t engine_cap = FloorTo(p.prompt_len - 1, bs);
+    if (p.whole_prompt_cached && covered >= engine_cap) covered = FloorTo(p.prompt_len, bs);
+    return ids_covered(p, covered);
+  };
+
+  size_t next = 0;
+  bool serial_busy = false;
+  int64_t serial_free_at = 0;
+  size_t rr = 0;
+  auto advance_to = [&](int64_t t) {
+    const int64_t now = clock.NowNanos();
+    if (t > now) clock.Advance(t - now);
+  };
+
+  auto release = [&](size_t i) -> Status {
+    const TraceRequest& r = head[i];
+    Pending& p = pend[i];
+    SimRequestRecord& rec = res.records[i];
+    rec.arrival_s = static_cast<double>(clock.NowNanos()) * 1e-9;
+    ScaledRequest sr = ScaleRequest(r, o.tokens_per_hash_id, o.vocab_size, o.first_id);
+    size_t target = rr % inst.size();
+    if (o.cluster.routing == Routing::kLongestPrefix && inst.size() > 1) {
+      // Match caps at prompt - 1 tokens; one token more lets the whole
+      // prompt count, so a repeated prompt goes where all of it is.
+      sr.prompt.push_back(o.first_id);
+      int32_t best = -1;
+      for (size_t k = 0; k < inst.size(); ++k) {
+        const size_t j = (rr + k) % inst.size();
+        inst[j].kv->Poll();
+        const int32_t m = inst[j].kv->Match(sr.prompt, "").total();
+        if (m > best || (m == best && inst[j].unfinished < inst[target].unfinished)) {
+          best = m;
+          target = j;
+        }
+      }
+      sr.prompt.pop_back();
+    }
+    ++rr;
+    Instance& in = inst[target];
+    rec.instance = static_cast<int>(target);
+    if (ideal[i] == r.hash_ids.size()) {
+      // The engine never serves the last prompt block from cache; ask whether
+      // it is there with one token more (Match is a pure query).
+      sr.prompt.push_back(o.first_id);
+      in.kv->Poll();  // writes that finished by now are visible, as at the next step
+      p.whole_prompt_cached = in.kv->Match(sr.prompt, "").total() >= FloorTo(p.prompt_len, bs);
+      sr.prompt.pop_back();
+    }
+    scheduler::EngineRequest er;
+    er.prompt = std::move(sr.prompt);
+    er.max_tokens = sr.output_length;
+    er.sampling.temperature = 0;
+    er.ignore_eos = true;
+    auto sink = [&in, i](scheduler::RequestOutput&& out) {
+      if (!out.finished && out.completion_tokens != static_cast<int32_t>(out.token_ids.size())) return;
+      in.events.push_back(Event{i, out.finished, out.status.ok(), out.completion_tokens, out.cached_tokens,
+                                std::move(out.cached_tokens_by_tier), std::move(out.finish_reason)});
+    };
+    auto id = in.engine->Submit(std::move(er), std::move(sink));
+    if (!id.ok()) {
+      if (id.error().code() == StatusCode::kResourceExhausted) {
+        rec.finish_reason = "rejected";
+        ++res.rejected;
+        return Status::Ok();
+      }
+      return id.error().WithContext("simulate: request " + std::to_string(i));
+    }
+    ++in.unfinished;
+    if (o.serial) serial_busy = true;
+    in.wake = std::min(in.wake, std::max(clock.NowNanos(), in.free_at));
+    return Status::Ok();
+  };
+
+  auto handle_events = [&](Instance& in, int64_t at) {
+    const double t = static_cast<double>(at) * 1e-9;
+    for (Event& ev : in.events) {
+      SimRequestRecord& rec = res.records[ev.req];
+      Pending& p = pend[ev.req];
+      if (!p.got_first && ev.completion_tokens > 0) {
+        p.got_first = true;
+        rec.first_token_s = t;
+        rec.cached_tokens = ev.cached_tokens;
+        rec.cached_tokens_by_tier = ev.by_tier;
+        rec.served_ids = served_ids(ev.req, ev.cached_tokens);
+      }
+      if (ev.finished) {
+        rec.finish_s = t;
+        rec.output_tokens = ev.completion_tokens;
+        rec.finish_reason = ev.ok ? ev.reason : "error";
+        if (!p.got_first) {  // finished without a token (error, abort)
+          rec.cached_tokens = ev.cached_tokens;
+          rec.cached_tokens_by_tier = ev.by_tier;
+        }
+        --in.unfinished;
+        if (o.serial) {
+          serial_busy = false;
+          serial_free_at = at;
+        }
+      }
+    }
+    in.events.clear();
+  };
+
+  while (true) {
+    while (next < n && pend[next].skipped) ++next;
+    int64_t t_arr = kNever;
+    if (next < n && !(o.serial && serial_busy)) {
+      t_arr = o.serial ? std::max(pend[next].release_ns, serial_free_at) : pend[next].release_ns;
+      t_arr = std::max(t_arr, clock.NowNanos());
+    }
+    size_t j = 0;
+    for (size_t k = 1; k < inst.size(); ++k)
+      if (inst[k].wake < inst[j].wake) j = k;
+    const int64_t t_inst = inst[j].wake;
+    if (t_arr == kNever && t_inst == kNever) break;
+    if (t_arr <= t_inst) {
+      advance_to(t_arr);
+      STRATA_RETURN_IF_ERROR(release(next));
+      ++next;
+      continue;
+    }
+    Instance& in = inst[j];
+    advance_to(t_inst);
+    const int64_t now = clock.NowNanos();
+    auto did = in.engine->Step();
+    const double sec = in.runner->TakeSeconds();
+    const int64_t end = now + static_cast<int64_t>(std::llround(sec * 1e9));
+    handle_events(in, end);
+    in.free_at = end;
+    if (in.unfinished == 0) {
+      in.wake = kNever;
+      in.zero_steps = 0;
+    } else if (sec > 0) {
+      in.wake = end;
+      in.zero_steps = 0;
+    } else if (did.ok() && *did && ++in.zero_steps < 64) {
+      in.wake = end;  // admitted or finished something: look again now
+    } else {
+      in.zero_steps = 0;
+      // Waiting on tier loads only.
+      const int64_t c = in.NextStoreCompletion();
+      if (c == kNever) {
+        return Status::Internal("simulate: instance " + std::to_string(j) + " stalled with " +
+                                std::to_string(in.unfinished) + " unfinished requests at t=" +
+                                std::to_string(static_cast<double>(now) * 1e-9) + " s");
+      }
+      in.wake = std::max(c, now + 1);
+    }
+  }
+
+  // Figures.
+  std::vector<double> ttft, tpot, e2e;
+  double first_arrival = -1, last_finish = 0;
+  std::vector<uint64_t> tier_tokens(num_tiers, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const SimRequestRecord& rec = res.records[i];
+    if (rec.finish_reason == "skipped") continue;
+    res.total_ids += rec.hash_ids;
+    res.prompt_tokens += static_cast<uint64_t>(rec.prompt_tokens);
+    res.served_ids += rec.served_ids;
+    res.cached_tokens += static_cast<uint64_t>(rec.cached_tokens);
+    for (size_t k = 0; k < rec.cached_tokens_by_tier.size() && k < num_tiers; ++k)
+      tier_tokens[k] += static_cast<uint64_t>(rec.cached_tokens_by_tier[k]);
+    if (first_arrival < 0 || rec.arrival_s < first_arrival) first_arrival = rec.arrival_s;
+    if (rec.finish_reason == "rejected") continue;
+    if (rec.finish_reason != "length" && rec.finish_reason != "stop") {
+      ++res.errors;
+      continue;
+    }
+    ++res.requests;
+    res.completion_tokens += static_cast<uint64_t>(rec.output_tokens);
+    last_finish = std::max(last_finish, rec.finish_s);
+    const double t1 = rec.first_token_s - rec.arrival_s;
+    ttft.push_back(t1);
+    e2e.push_back(rec.finish_s - rec.arrival_s);
+    double tp = 0;
+    if (rec.output_tokens >= 2) {
+      tp = (rec.finish_s - rec.first_token_s) / (rec.output_tokens - 1);
+      tpot.push_back(tp);
+    }
+    const bool good = (o.slo_ttft_s <= 0 || t1 <= o.slo_ttft_s) &&
+                      (o.slo_tpot_s <= 0 || rec.output_tokens < 2 || tp <= o.slo_tpot_s);
+    if (good) ++res.goodput_requests;
+  }
+  std::sort(ttft.begin(), ttft.end());
+  std::sort(tpot.begin(), tpot.end());
+  std::sort(e2e.begin(), e2e.end());
+  IdealHit ih;
+  uint64_t achievable = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (pend[i].skipped) continue;
+    ih.hit_ids += ideal[i];
+    ih.total_ids += head[i].hash_ids.size();
+    achievable += std::min(ideal[i], ids_covered(pend[i], FloorTo(pend[i].prompt_len, bs)));
+  }
+  const double total = static_cast<double>(res.total_ids);
+  res.ideal_hit_ratio_blocks = ih.ratio();
+  res.achievable_hit_ratio_blocks = res.total_ids ? static_cast<double>(achievable) / total : 0;
+  res.hit_ratio_blocks = res.total_ids ? static_cast<double>(res.served_ids) / total : 0;
+  res.lost_to_overlap = o.serial ? 0.0 : res.achievable_hit_ratio_blocks - res.hit_ratio_blocks;
+  res.hit_ratio_tokens =
+      res.prompt_tokens ? static_cast<double>(res.cached_tokens) / static_cast<double>(res.prompt_tokens) : 0;
+  if (!ttft.empty()) {
+    double sum = 0;
+    for (double v : ttft) sum += v;
+    res.ttft_mean_s = sum / static_cast<double>(ttft.size());
+  }
+  res.ttft_p50_s = SimPercentile(ttft, 50);
+  res.ttft_p90_s = SimPercentile(ttft, 90);
+  res.ttft_p99_s = SimPercentile(ttft, 99);
+  res.tpot_p50_s = SimPercentile(tpot, 50);
+  res.tpot_p99_s = SimPercentile(tpot, 99);
+  res.e2e_p50_s = SimPercentile(e2e, 50);
+  res.e2e_p99_s = SimPercentile(e2e, 99);
+  res.duration_s = first_arrival >= 0 ? std::max(0.0, last_finish - first_arrival) : 0;
+  if (res.duration_s > 0) {
+    res.throughput_requests_per_s = static_cast<double>(res.requests) / res.duration_s;
+    res.throughput_tokens_per_s = static_cast<double>(res.completion_tokens) / res.duration_s;
+    res.total_tokens_per_s = static_cast<double>(res.completion_tokens + res.prompt_tokens) / res.duration_s;
+    res.goodput_rps = static_cast<double>(res.goodput_requests) / res.duration_s;
+  }
+  res.tiers.resize(num_tiers);
+  for (size_t k = 0; k < num_tiers; ++k) {
+    res.tiers[k].name = std::string(inst[0].kv->tier_name(static_cast<int>(k)));
+    res.tiers[k].hit_tokens = tier_tokens[k];
+  }
+  for (Instance& in : inst) {
+    const scheduler::EngineStats es = in.engine->Stats();
+    res.steps += es.steps;
+    res.preemptions += es.preemptions;
+    const kvcache::KvManagerStats ks = in.kv->stats();
+    res.tiers[0].hit_blocks += ks.device.blocks;
+    res.tiers[0].capacity_bytes += static_cast<uint64_t>(ks.device_pool.num_blocks) * block_bytes;
+    res.tiers[0].used_bytes += static_cast<uint64_t>(ks.device_pool.in_use + ks.device_pool.cached) * block_bytes;
+    res.tiers[0].evictions += ks.device_pool.evictions;
+    for (size_t k = 1; k < num_tiers && k - 1 < ks.tiers.size(); ++k) {
+      res.tiers[k].hit_blocks += ks.tiers[k - 1].hits.blocks;
+      const kvcache::StoreStats ss = in.kv->lower_store(k - 1).stats();
+      res.tiers[k].capacity_bytes += ss.capacity_bytes;
+      res.tiers[k].used_bytes += ss.used_bytes;
+      res.tiers[k].evictions += ss.evictions;
+    }
+  }
+  // Engines before the managers they use, managers before their stores.
+  for (Instance& in : inst) {
+    in.engine.reset();
+    in.kv.reset();
+  }
+  res.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  return res;
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,174 @@
+// `strata serve` as a process: graceful shutdown lets an in-flight stream
+// finish, a zero grace period cancels it cleanly; the config file's server.*
+// and engine.* keys apply and a misspelt key is refused by name; a taken
+// port is a clear error; the disk KV tier carries a prefix across a restart
+// of the server (cached_tokens_by_tier.disk on the second run).
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "tests/e2e/server/serve_test_util.h"
+#include "tests/support/run_command.h"
+#include "tests/support/test_env.h"
+
+namespace strata::testing {
+namespace {
+
+// A model slow enough (bench-110m shapes, q8_0, one thread: tens of ms per
+// token) that a request of a few hundred tokens is surely still running
+// when the test signals the server. Written once per test process.
+const std::string& MediumModel() {
+  static const std::string path = [] {
+    const std::string p = MakeTempDir("serve-medium") + "/medium.gguf";
+    CommandResult r = RunCommand(StrataCli() + " model synth --preset bench-110m --dtype q8_0 --out " + ShellQuote(p));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return p;
+  }();
+  return path;
+}
+
+std::unique_ptr<ServerProcess> StartMediumServer(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--model", MediumModel(), "--threads", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto server = ServerProcess::Start(args);
+  EXPECT_TRUE(server) << server.error().ToString();
+  return server ? std::move(*server) : nullptr;
+}
+
+json Completion(int max_tokens, bool stream) {
+  return json{{"model", "medium"},
+              {"prompt", "The quick brown fox jumps over the lazy dog and keeps running far away"},
+              {"max_tokens", max_tokens},
+              {"temperature", 0},
+              {"ignore_eos", true},
+              {"stream", stream}};
+}
+
+TEST(ServeLifecycle, SigtermLetsInFlightStreamFinish) {
+  auto server = StartMediumServer({"--shutdown-grace-seconds", "120"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  SimpleHttpResponse streamed;
+  std::thread client([&] { streamed = SimpleHttp(port, "POST", "/v1/completions", Completion(40, true).dump(), {}, 300); });
+  // Wait until the request runs, then ask the server to stop.
+  WaitForMetrics(port, [](const std::string& m) { return Gauge(m, "strata_num_requests_running") >= 1; }, 60);
+  ASSERT_EQ(kill(server->pid(), SIGTERM), 0);
+  client.join();
+  EXPECT_EQ(streamed.status, 200) << streamed.error;
+  SseBody sse = ParseSse(streamed.body);
+  EXPECT_TRUE(sse.done_last) << streamed.body.substr(0, 400);
+  ASSERT_FALSE(sse.events.empty());
+  // The last choice chunk says "length": the request ran to max_tokens.
+  std::string reason;
+  for (const json& e : sse.events)
+    if (e.is_object() && e.contains("choices"))
+      for (const json& c : e["choices"])
+        if (c.contains("finish_reason") && c["finish_reason"].is_string()) reason = c["finish_reason"];
+  EXPECT_EQ(reason, "length");
+  auto code = server->Stop(60);
+  ASSERT_TRUE(code) << code.error().ToString();
+  EXPECT_EQ(*code, 0) << server->stderr_tail();
+}
+
+TEST(ServeLifecycle, ZeroGraceCancelsInFlightAndExitsZero) {
+  auto server = StartMediumServer({"--shutdown-grace-seconds", "0"});
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  SimpleHttpResponse streamed;
+  std::thread client([&] { streamed = SimpleHttp(port, "POST", "/v1/completions", Completion(400, true).dump(), {}, 300); });
+  WaitForMetrics(port, [](const std::string& m) { return Gauge(m, "strata_num_requests_running") >= 1; }, 60);
+  auto code = server->Stop(60);
+  client.join();
+  ASSERT_TRUE(code) << code.error().ToString();
+  EXPECT_EQ(*code, 0) << server->stderr_tail();
+  // The stream ended in order: the request was cancelled ("abort" or an
+  // error chunk), not run to its 400 tokens, and [DONE] came last.
+  EXPECT_NE(server->stderr_text().find("SIGTERM"), std::string::npos);
+  SseBody sse = ParseSse(streamed.body);
+  EXPECT_TRUE(sse.done_last) << streamed.error << streamed.body.substr(0, 400);
+  EXPECT_LT(StreamedText(sse).size(), 400u * 8);
+  bool length = false;
+  for (const json& e : sse.events)
+    if (e.is_object() && e.contains("choices"))
+      for (const json& c : e["choices"]) length |= c.value("finish_reason", json()) == "length";
+  EXPECT_FALSE(length) << "the request ran to completion despite a zero grace period";
+}
+
+TEST(ServeLifecycle, ConfigFileKeysApplyAndTyposAreRefused) {
+  const std::string dir = MakeTempDir("serve-config");
+  const std::string good = dir + "/good.yaml";
+  {
+    std::ofstream f(good);
+    f << "engine:\n  max_num_seqs: 3\n  max_waiting: 7\nserver:\n  served_model_name: from-yaml\n  max_n: 2\n";
+  }
+  auto server = StartTinyServer({"--config", good});
+  ASSERT_NE(server, nullptr);
+  JsonResponse models = PostJson(server->http_port(), "/v1/completions",
+                                 json{{"model", "from-yaml"}, {"prompt", "hi"}, {"max_tokens", 2}, {"n", 3}});
+  // n = 3 exceeds server.max_n = 2: a 400 naming n, against the YAML's model name.
+  EXPECT_EQ(models.status, 400) << models.raw;
+  EXPECT_EQ(models.body["error"]["param"], "n") << models.raw;
+  JsonResponse ok = PostJson(server->http_port(), "/v1/completions",
+                             json{{"model", "from-yaml"}, {"prompt", "hi"}, {"max_tokens", 2}, {"n", 2}});
+  EXPECT_EQ(ok.status, 200) << ok.raw;
+  StopCleanly(server.get());
+
+  const std::string bad = dir + "/bad.yaml";
+  {
+    std::ofstream f(bad);
+    f << "server:\n  prot: 9000\n";
+  }
+  auto model = TinyModelPath();
+  ASSERT_TRUE(model) << model.error().ToString();
+  CommandResult r = RunCommand(StrataCli() + " serve --model " + ShellQuote(*model) + " --config " + ShellQuote(bad) +
+                               " --port 0 --grpc-port -1");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("server.prot"), std::string::npos) << r.err;
+}
+
+TEST(ServeLifecycle, TakenPortIsAClearError) {
+  auto server = StartTinyServer({});
+  ASSERT_NE(server, nullptr);
+  auto model = TinyModelPath();
+  ASSERT_TRUE(model) << model.error().ToString();
+  CommandResult r = RunCommand(StrataCli() + " serve --model " + ShellQuote(*model) + " --port " +
+                               std::to_string(server->http_port()) + " --grpc-port -1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(std::to_string(server->http_port())), std::string::npos) << r.err;
+  StopCleanly(server.get());
+}
+
+TEST(ServeLifecycle, DiskTierServesPrefixAfterRestart) {
+  const std::string disk = MakeTempDir("serve-disk");
+  // Blocks of 64 tokens so one block is >= 4 KiB on the tiny model (the
+  // disk tier's O_DIRECT unit).
+  const std::vector<std::string> flags = {"--kv-block-size", "64", "--kv-dtype", "f32", "--kv-disk-path", disk,
+                                          "--kv-disk-bytes", "64M"};
+  json req = {{"model", "tiny"}, {"prompt", std::string(300, 'a')}, {"max_tokens", 2}, {"temperature", 0}};
+  int prompt_tokens = 0;
+  {
+    auto server = StartTinyServer(flags);
+    ASSERT_NE(server, nullptr);
+    JsonResponse first = PostJson(server->http_port(), "/v1/completions", req);
+    ASSERT_EQ(first.status, 200) << first.raw;
+    prompt_tokens = first.body["usage"]["prompt_tokens"];
+    EXPECT_EQ(first.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    StopCleanly(server.get());  // drains the disk tier's writes
+  }
+  ASSERT_GT(prompt_tokens, 128) << "the prompt should span several blocks";
+  auto server = StartTinyServer(flags);
+  ASSERT_NE(server, nullptr);
+  JsonResponse second = PostJson(server->http_port(), "/v1/completions", req);
+  ASSERT_EQ(second.status, 200) << second.raw;
+  const json& details = second.body["usage"]["prompt_tokens_details"];
+  const int whole_blocks = (prompt_tokens - 1) / 64 * 64;
+  EXPECT_EQ(details["cached_tokens"], whole_blocks) << second.raw;
+  EXPECT_EQ(details["cached_tokens_by_tier"]["disk"], whole_blocks) << second.raw;
+  EXPECT_EQ(details["cached_tokens_by_tier"]["device"], 0) << second.raw;
+  StopCleanly(server.get());
+}
+
+}  // namespace
+}  // namespace strata::testing

@@ -1,0 +1,224 @@
+// strata bench simulate: a cluster replaying a trace in virtual time
+// (bench/simulator.h; issue "strata bench"; docs/simulator.md).
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bench/cost_model.h"
+#include "bench/simulator.h"
+#include "bench/trace.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "tools/commands.h"
+
+namespace strata::cli {
+namespace {
+
+struct SimFlags {
+  std::string trace;
+  std::string cluster;
+  std::string profile;
+  bool unlimited_cache = false;
+  bool serial = false;
+  int tokens_per_hash_id = 0;
+  double time_scale = 1.0;
+  int64_t max_requests = 0;
+  int max_model_len = 0;
+  int max_waiting = 1024;
+  std::string sweep_device_bytes, sweep_host_bytes;
+  // Overrides of the cluster file / profile; empty or 0 = keep.
+  int instances = 0;
+  std::string routing, device_bytes, host_bytes, disk_bytes;
+  std::string slo;
+  bool json = false;
+  bool records = false;
+};
+
+// "1G,2G,4G" → bytes.
+Result<std::vector<uint64_t>> ParseSizes(const std::string& text, const std::string& flag) {
+  std::vector<uint64_t> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string part = text.substr(pos, end - pos);
+    auto v = ParseByteSize(part);
+    if (!v.ok() || *v == 0) return Status::InvalidArgument(flag + ": '" + part + "' is not a size > 0 (e.g. 512M, 4G)");
+    out.push_back(*v);
+    pos = end + 1;
+  }
+  return out;
+}
+
+// "ttft=2s,tpot=100ms": seconds.
+Status ParseSimSlo(const std::string& text, double* ttft, double* tpot) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string part = text.substr(pos, end - pos);
+    pos = end + 1;
+    const size_t eq = part.find('=');
+    if (eq == std::string::npos) return Status::InvalidArgument("--slo: '" + part + "' is not key=value");
+    const std::string key = part.substr(0, eq);
+    std::string val = part.substr(eq + 1);
+    double scale = 1;
+    auto ends_with = [&](const char* s) {
+      const std::string suf(s);
+      return val.size() > suf.size() && val.compare(val.size() - suf.size(), suf.size(), suf) == 0;
+    };
+    if (ends_with("ms")) {
+      scale = 1e-3;
+      val.resize(val.size() - 2);
+    } else if (ends_with("us")) {
+      scale = 1e-6;
+      val.resize(val.size() - 2);
+    } else if (ends_with("s")) {
+      val.resize(val.size() - 1);
+    }
+    char* stop = nullptr;
+    const double v = std::strtod(val.c_str(), &stop);
+    if (val.empty() || stop == nullptr || *stop != '\0' || !(v > 0)) {
+      return Status::InvalidArgument("--slo: '" + part + "' needs a positive time (2s, 100ms)");
+    }
+    if (key == "ttft") {
+      *ttft = v * scale;
+    } else if (key == "tpot") {
+      *tpot = v * scale;
+    } else {
+      return Status::InvalidArgument("--slo: unknown key '" + key + "' (ttft, tpot)");
+    }
+  }
+  return Status::Ok();
+}
+
+int RunSimulate(const SimFlags& f) {
+  // Exit 2 for invalid input (flags, trace, cluster file), 1 otherwise.
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "strata bench simulate: %s\n", s.ToString().c_str());
+    return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  bench::SimOptions o;
+  if (!f.cluster.empty()) {
+    auto c = bench::LoadClusterConfig(f.cluster);
+    if (!c.ok()) return fail(c.error());
+    o.cluster = *c;
+  } else if (!f.profile.empty()) {
+    auto ic = bench::ProfileInstance(f.profile);
+    if (!ic.ok()) return fail(ic.error());
+    o.cluster.instance = *ic;
+  }
+  if (f.instances > 0) o.cluster.instances = f.instances;
+  if (!f.routing.empty()) {
+    o.cluster.routing = f.routing == "longest-prefix" ? bench::Routing::kLongestPrefix : bench::Routing::kRoundRobin;
+  }
+  for (auto [text, flag, field] : {std::tuple{&f.device_bytes, "--device-bytes", &o.cluster.instance.device_bytes},
+                                   std::tuple{&f.host_bytes, "--host-bytes", &o.cluster.instance.host_bytes},
+                                   std::tuple{&f.disk_bytes, "--disk-bytes", &o.cluster.instance.disk_bytes}}) {
+    if (text->empty()) continue;
+    auto v = ParseByteSize(*text);
+    if (!v.ok()) return fail(v.error().WithContext(flag));
+    *field = *v;
+  }
+  o.unlimited_cache = f.unlimited_cache;
+  o.serial = f.serial;
+  o.tokens_per_hash_id = f.tokens_per_hash_id;
+  o.time_scale = f.time_scale;
+  o.max_requests = f.max_requests;
+  o.max_model_len = f.max_model_len;
+  o.max_waiting = f.max_waiting;
+  if (Status s = ParseSimSlo(f.slo, &o.slo_ttft_s, &o.slo_tpot_s); !s.ok()) return fail(s);
+
+  std::vector<uint64_t> sweep_values;
+  std::string sweep_key;
+  if (!f.sweep_device_bytes.empty() && !f.sweep_host_bytes.empty()) {
+    return fail(Status::InvalidArgument("give one of --sweep-device-bytes and --sweep-host-bytes"));
+  }
+  if (!f.sweep_device_bytes.empty()) {
+    auto v = ParseSizes(f.sweep_device_bytes, "--sweep-device-bytes");
+    if (!v.ok()) return fail(v.error());
+    sweep_values = *v;
+    sweep_key = "device_bytes";
+  } else if (!f.sweep_host_bytes.empty()) {
+    auto v = ParseSizes(f.sweep_host_bytes, "--sweep-host-bytes");
+    if (!v.ok()) return fail(v.error());
+    sweep_values = *v;
+    sweep_key = "host_bytes";
+  }
+  if (!sweep_values.empty() && o.unlimited_cache) {
+    return fail(Status::InvalidArgument("a capacity sweep and --unlimited-cache exclude each other"));
+  }
+
+  auto trace = bench::LoadTrace(f.trace);
+  if (!trace.ok()) return fail(trace.error());
+
+  auto base = bench::Simulate(*trace, o);
+  if (!base.ok()) return fail(base.error());
+  std::vector<std::pair<uint64_t, bench::SimResult>> sweep;
+  for (uint64_t v : sweep_values) {
+    bench::SimOptions so = o;
+    if (sweep_key == "device_bytes") {
+      so.cluster.instance.device_bytes = v;
+    } else {
+      so.cluster.instance.host_bytes = v;
+    }
+    if (!f.json) std::fprintf(stderr, "simulating %s = %llu ...\n", sweep_key.c_str(), static_cast<unsigned long long>(v));
+    auto r = bench::Simulate(*trace, so);
+    if (!r.ok()) return fail(r.error().WithContext(sweep_key + " " + std::to_string(v)));
+    r->records.clear();
+    sweep.emplace_back(v, std::move(r).value());
+  }
+  if (f.json) {
+    std::printf("%s\n", bench::SimReportJson(o, *base, sweep_key, sweep, f.records).c_str());
+  } else {
+    std::printf("%s", bench::SimReportText(o, *base, sweep_key, sweep).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
+  auto f = std::make_shared<SimFlags>();
+  CLI::App* sim = bench->add_subcommand(
+      "simulate", "replay a trace through simulated instances (real scheduler and KV policy, virtual time)");
+  sim->add_option("--trace", f->trace, "Mooncake-format JSON-lines trace")->required()->check(CLI::ExistingFile);
+  sim->add_option("--cluster", f->cluster, "cluster file (YAML; docs/simulator.md); default: one cpu-bench-110m instance")
+      ->check(CLI::ExistingFile);
+  sim->add_option("--profile", f->profile, "instance profile without a cluster file: cpu-bench-110m | h200-llama-8b")
+      ->excludes("--cluster");
+  sim->add_option("--instances", f->instances, "override the cluster's instance count")->check(CLI::Range(1, 4096));
+  sim->add_option("--routing", f->routing, "override the cluster's routing")
+      ->check(CLI::IsMember({"round-robin", "longest-prefix"}));
+  sim->add_option("--device-bytes", f->device_bytes, "override each instance's device KV pool (e.g. 40G)");
+  sim->add_option("--host-bytes", f->host_bytes, "override each instance's host tier (0 = none)");
+  sim->add_option("--disk-bytes", f->disk_bytes, "override each instance's disk tier (0 = none)");
+  sim->add_flag("--unlimited-cache", f->unlimited_cache, "device pools that never evict (no lower tiers)");
+  sim->add_flag("--serial", f->serial, "one request at a time in trace order");
+  sim->add_option("--tokens-per-hash-id", f->tokens_per_hash_id,
+                  "tokens per hash id (0 = real lengths, 512 per id); output lengths scale by N/512")
+      ->check(CLI::Range(0, 1 << 16))
+      ->capture_default_str();
+  sim->add_option("--time-scale", f->time_scale, "trace timestamps are multiplied by this (0.5 = twice as fast)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sim->add_option("--max-requests", f->max_requests, "the first N requests (0 = all)")
+      ->check(CLI::NonNegativeNumber);
+  sim->add_option("--max-model-len", f->max_model_len, "skip (and count) requests longer than this (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
+  sim->add_option("--max-waiting", f->max_waiting, "queued requests per instance before rejecting")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  sim->add_option("--sweep-device-bytes", f->sweep_device_bytes, "also run at each device size: 1G,2G,4G,...");
+  sim->add_option("--sweep-host-bytes", f->sweep_host_bytes, "also run at each host-tier size: 8G,16G,...");
+  sim->add_option("--slo", f->slo, "goodput limits, e.g. ttft=2s,tpot=100ms");
+  sim->add_flag("--json", f->json, "print one JSON object");
+  sim->add_flag("--records", f->records, "with --json: include every request's record");
+  sim->callback([f, exit_code] { *exit_code = RunSimulate(*f); });
+}
+
+}  // namespace strata::cli
