@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/http_client.h"
+#include "common/http_client.h"
 
 namespace strata::bench {
 
@@ -118,7 +118,7 @@ std::string Driver::Send(const Turn& turn, const json* messages, RequestRecord* 
   r->max_tokens = turn.max_tokens;
   if (o_.unique_cache_salt) body["cache_salt"] = salt_prefix_ + std::to_string(r->index);
 
-  server::SseParser sse;
+  strata::SseParser sse;
   std::string head;  // the first bytes, for error bodies
   std::string text;
   std::string stream_error;
@@ -158,7 +158,7 @@ std::string Driver::Send(const Turn& turn, const json* messages, RequestRecord* 
     return true;
   };
   r->start_s = Since(t0_);
-  auto resp = server::HttpStream(o_.host, o_.port, "POST", path, body.dump(),
+  auto resp = strata::HttpStream(o_.host, o_.port, "POST", path, body.dump(),
                                  {{"Content-Type", "application/json"}}, on_data, o_.request_timeout_s);
   r->end_s = Since(t0_);
   if (!resp) {
@@ -216,7 +216,7 @@ void Driver::RunSession(size_t s) {
 }
 
 MetricsSample Driver::Scrape() {
-  auto resp = server::HttpCall(o_.host, o_.port, "GET", "/metrics", "", {}, 10);
+  auto resp = strata::HttpCall(o_.host, o_.port, "GET", "/metrics", "", {}, 10);
   MetricsSample m;
   if (resp && resp->status == 200) {
     m = ParseMetricsSample(resp->body);
@@ -398,7 +398,7 @@ MetricsSample ParseMetricsSample(const std::string& text) {
 }
 
 Result<ServedModel> QueryModel(const std::string& host, int port) {
-  STRATA_ASSIGN_OR_RETURN(server::HttpResponse resp, server::HttpCall(host, port, "GET", "/v1/models", "", {}, 30));
+  STRATA_ASSIGN_OR_RETURN(strata::HttpResponse resp, strata::HttpCall(host, port, "GET", "/v1/models", "", {}, 30));
   if (resp.status != 200)
     return Status::Unavailable("GET /v1/models answered " + std::to_string(resp.status) + ": " + resp.body.substr(0, 200));
   json j = json::parse(resp.body, nullptr, false);
@@ -415,7 +415,7 @@ Result<ServedModel> QueryModel(const std::string& host, int port) {
 
 int ProbeVocabSize(const std::string& host, int port, const std::string& model) {
   json body = {{"model", model}, {"prompt", json::array({1 << 30})}, {"max_tokens", 1}};
-  auto resp = server::HttpCall(host, port, "POST", "/v1/completions", body.dump(),
+  auto resp = strata::HttpCall(host, port, "POST", "/v1/completions", body.dump(),
                                {{"Content-Type", "application/json"}}, 30);
   if (!resp || resp->status != 400) return 0;
   const std::string msg = ErrorMessage(resp->body);

@@ -27,6 +27,9 @@ class RequestObserver {
  public:
   virtual ~RequestObserver() = default;
   virtual void OnEvent(const scheduler::RequestOutput& event) = 0;
+  // Front-end time of one request: received (first byte read) until its
+  // choices were submitted to the engine (read, parse, validate, tokenize).
+  virtual void OnFrontendTime(double seconds) {}
 };
 
 struct FrontendOptions {
@@ -65,6 +68,10 @@ class Frontend {
   const std::string& model_name() const { return options_.served_model_name; }
   int context_length() const;
   const LoadedModel& model() const { return model_; }
+  // Reports a request's front-end time to the observer (if any).
+  void ObserveFrontendTime(double seconds) const {
+    if (options_.observer != nullptr) options_.observer->OnFrontendTime(seconds);
+  }
   scheduler::Engine& engine() const { return engine_; }
 
   // An empty model name means the served model. 404 for another model

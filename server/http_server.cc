@@ -602,6 +602,8 @@ void Connection::Dispatch() {
   }
   req.request_id = RequestIdFromParser();
   req.remote = remote_;
+  req.received_nanos =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(request_start_.time_since_epoch()).count();
   req.body = std::move(msg.body());
   bool keep_alive = msg.keep_alive() && !server_->stopping();
   unsigned version = msg.version();

@@ -21,11 +21,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/http_client.h"  // HeaderList
 #include "common/status.h"
 
 namespace strata::server {
 
-using HeaderList = std::vector<std::pair<std::string, std::string>>;
+using ::strata::HeaderList;
 
 struct HttpRequest {
   std::string method;   // "GET", "POST", ...
@@ -36,6 +37,9 @@ struct HttpRequest {
   std::string body;
   std::string request_id;  // x-request-id given or generated
   std::string remote;      // peer address:port
+  // std::chrono::steady_clock time (ns since its epoch, the same clock as
+  // kvcache::RealClock) when the request's first byte was read.
+  int64_t received_nanos = 0;
   // Header value or "" (name lower-case).
   std::string header(const std::string& name) const {
     auto it = headers.find(name);

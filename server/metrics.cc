@@ -61,6 +61,10 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
     return &BuildGauge().Name(name).Help(help).Labels(model).Register(r);
   };
 
+  frontend_ = hist("strata_request_frontend_time_seconds",
+                   "Time from the request's first byte read to its submission to the engine (read, parse, "
+                   "validate, tokenize), in seconds.",
+                   {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5});
   ttft_ = hist("strata_time_to_first_token_seconds",
                "Time from arrival to the first generated token, in seconds.", kTtftBuckets);
   itl_ = hist("strata_inter_token_latency_seconds",
@@ -187,6 +191,8 @@ void ServerMetrics::OnEvent(const scheduler::RequestOutput& ev) {
   prompt_hist_->Observe(static_cast<double>(ev.prompt_tokens));
   generation_hist_->Observe(static_cast<double>(ev.completion_tokens));
 }
+
+void ServerMetrics::OnFrontendTime(double seconds) { frontend_->Observe(seconds); }
 
 void ServerMetrics::OnHttpResponse(int status) {
   if (status < 400) return;

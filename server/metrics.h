@@ -54,6 +54,7 @@ class ServerMetrics final : public RequestObserver {
 
   // Every engine event of every request (RequestObserver).
   void OnEvent(const scheduler::RequestOutput& event) override;
+  void OnFrontendTime(double seconds) override;
   // Every HTTP (or gRPC, mapped) response status: >= 400 counts as an error
   // under its code.
   void OnHttpResponse(int status);
@@ -88,6 +89,7 @@ class ServerMetrics final : public RequestObserver {
 
   // Histograms.
   prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* frontend_ = nullptr;
   prometheus::Histogram* itl_ = nullptr;
   prometheus::Histogram* tpot_ = nullptr;
   prometheus::Histogram* e2e_ = nullptr;

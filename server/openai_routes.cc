@@ -358,6 +358,16 @@ void OpenAiRoutes::Generate(HttpRequest& req, const std::shared_ptr<ResponseWrit
       &call);
   if (err) return SendApiError(*w, *err);
   gen->SetCall(std::move(call));
+  if (req.received_nanos > 0) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    const double seconds = static_cast<double>(now - req.received_nanos) * 1e-9;
+    frontend_.ObserveFrontendTime(seconds);
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.2f", seconds * 1e3);
+    w->AddLogField("frontend_ms", buf);
+  }
 }
 
 void OpenAiRoutes::Models(const HttpRequest& req, const std::shared_ptr<ResponseWriter>& w) {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "server/http_client.h"
+#include "common/http_client.h"
 #include "tools/commands.h"
 
 namespace strata::cli {
@@ -55,14 +55,14 @@ double Num(const json& j, const char* key) {
 // Calls the admin endpoint; prints the error and returns false on failure.
 bool Call(const CacheFlags& f, const char* cmd, const std::string& method, const std::string& path,
           const std::string& body, json* out) {
-  auto url = server::ParseHttpUrl(f.url);
+  auto url = strata::ParseHttpUrl(f.url);
   if (!url.ok()) {
     std::fprintf(stderr, "strata cache %s: --url: %s\n", cmd, url.error().message().c_str());
     return false;
   }
-  server::HeaderList headers = {{"Content-Type", "application/json"}};
+  HeaderList headers = {{"Content-Type", "application/json"}};
   if (!f.admin_token.empty()) headers.emplace_back("Authorization", "Bearer " + f.admin_token);
-  auto r = server::HttpCall(url->host, url->port, method, path, body, headers, f.timeout_seconds);
+  auto r = strata::HttpCall(url->host, url->port, method, path, body, headers, f.timeout_seconds);
   if (!r.ok()) {
     std::fprintf(stderr, "strata cache %s: %s: %s\n", cmd, f.url.c_str(),
                  r.error().message().c_str());

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/http_client.h"
+#include "common/http_client.h"
 #include "tests/e2e/server/serve_test_util.h"
 
 namespace strata {
@@ -49,12 +49,12 @@ TEST(CancelTest, HungUpStreamsLeaveNoRequestAndNoBlockBehind) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreamingClients; ++i) {
     threads.emplace_back([&, i] {
-      server::SseParser sse;
+      strata::SseParser sse;
       int events = 0;
       bool any_data = false;
       // A quarter leave at their very first bytes, the rest after 3 events.
       const int leave_after = i % 4 == 0 ? 1 : 3;
-      auto r = server::HttpStream(
+      auto r = strata::HttpStream(
           "127.0.0.1", port, "POST", "/v1/completions", LongStream(i), {{"Content-Type", "application/json"}},
           [&](std::string_view data) {
             any_data = true;

@@ -2,7 +2,7 @@
 // its reading of responses a server may legally send (chunk extensions,
 // trailers, body to EOF, split reads), against a scripted raw-socket server.
 
-#include "server/http_client.h"
+#include "common/http_client.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

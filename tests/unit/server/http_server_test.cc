@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_types.h"
-#include "server/http_client.h"
+#include "common/http_client.h"
 
 namespace strata::server {
 namespace {

@@ -18,9 +18,13 @@
 #include <string_view>
 
 #include "common/status.h"
-#include "server/http_server.h"  // HeaderList
+#include <utility>
+#include <vector>
 
-namespace strata::server {
+namespace strata {
+
+// HTTP header fields as (name, value) pairs, in order.
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpResponse {
   int status = 0;
@@ -110,4 +114,4 @@ struct HttpUrl {
 // kInvalidArgument naming the URL (https, bad port, empty host).
 Result<HttpUrl> ParseHttpUrl(std::string_view url);
 
-}  // namespace strata::server
+}  // namespace strata

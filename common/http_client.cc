@@ -1,4 +1,4 @@
-#include "server/http_client.h"
+#include "common/http_client.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -13,7 +13,7 @@
 #include <chrono>
 #include <cstring>
 
-namespace strata::server {
+namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -479,4 +479,4 @@ Result<HttpUrl> ParseHttpUrl(std::string_view url) {
   return out;
 }
 
-}  // namespace strata::server
+}  // namespace strata
