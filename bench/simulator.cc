@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "bench/report.h"  // Percentile: the same definition as live runs
 #include "bench/sim_store.h"
 #include "kvcache/block_hash.h"
 #include "kvcache/clock.h"
@@ -112,16 +113,6 @@ int64_t UnlimitedBlocks(const std::vector<TraceRequest>& trace, size_t n, const 
 }
 
 }  // namespace
-
-double SimPercentile(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  p = std::clamp(p, 0.0, 100.0);
-  const double rank = p / 100.0 * static_cast<double>(sorted.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(rank));
-  const size_t hi = std::min(lo + 1, sorted.size() - 1);
-  const double frac = rank - static_cast<double>(lo);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
-}
 
 Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOptions& o) {
   const auto wall_start = std::chrono::steady_clock::now();
@@ -440,13 +431,13 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     for (double v : ttft) sum += v;
     res.ttft_mean_s = sum / static_cast<double>(ttft.size());
   }
-  res.ttft_p50_s = SimPercentile(ttft, 50);
-  res.ttft_p90_s = SimPercentile(ttft, 90);
-  res.ttft_p99_s = SimPercentile(ttft, 99);
-  res.tpot_p50_s = SimPercentile(tpot, 50);
-  res.tpot_p99_s = SimPercentile(tpot, 99);
-  res.e2e_p50_s = SimPercentile(e2e, 50);
-  res.e2e_p99_s = SimPercentile(e2e, 99);
+  res.ttft_p50_s = Percentile(ttft, 50);
+  res.ttft_p90_s = Percentile(ttft, 90);
+  res.ttft_p99_s = Percentile(ttft, 99);
+  res.tpot_p50_s = Percentile(tpot, 50);
+  res.tpot_p99_s = Percentile(tpot, 99);
+  res.e2e_p50_s = Percentile(e2e, 50);
+  res.e2e_p99_s = Percentile(e2e, 99);
   res.duration_s = first_arrival >= 0 ? std::max(0.0, last_finish - first_arrival) : 0;
   if (res.duration_s > 0) {
     res.throughput_requests_per_s = static_cast<double>(res.requests) / res.duration_s;

@@ -114,10 +114,6 @@ struct SimResult {
 // simulation (a bug).
 Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOptions& options);
 
-// Linear interpolation between closest ranks (rank = p/100 · (n − 1)) of
-// `sorted` ascending; 0 when empty.
-double SimPercentile(const std::vector<double>& sorted, double p);
-
 // The report: one JSON object (the SimResult's figures, the options and the
 // cluster; "curve" with one entry per sweep point when `sweep` is non-empty,
 // each with `sweep_key` = its capacity). Records are left out unless

@@ -96,6 +96,18 @@ std::vector<ChatMessage> FromMessages(
   return out;
 }
 
+// The fields GenerateRequest and ChatRequest share (same names in both).
+template <typename Request>
+void FromCommon(const Request& r, GenerationParams* p) {
+  FromSampling(r.sampling(), p);
+  p->cache_salt = r.cache_salt();
+  p->priority = r.priority();
+  if (r.has_add_special_tokens()) p->add_special_tokens = r.add_special_tokens();
+  p->user = r.user();
+  p->stream = true;
+  p->include_usage = true;
+}
+
 GenerationParams FromRequest(const pb::GenerateRequest& r) {
   GenerationParams p;
   p.kind = ApiKind::kCompletion;
@@ -106,13 +118,7 @@ GenerationParams FromRequest(const pb::GenerateRequest& r) {
   } else {
     p.prompt_text = r.text();
   }
-  FromSampling(r.sampling(), &p);
-  p.cache_salt = r.cache_salt();
-  p.priority = r.priority();
-  if (r.has_add_special_tokens()) p.add_special_tokens = r.add_special_tokens();
-  p.user = r.user();
-  p.stream = true;
-  p.include_usage = true;
+  FromCommon(r, &p);
   return p;
 }
 
@@ -121,13 +127,7 @@ GenerationParams FromRequest(const pb::ChatRequest& r) {
   p.kind = ApiKind::kChat;
   p.model = r.model();
   p.messages = FromMessages(r.messages());
-  FromSampling(r.sampling(), &p);
-  p.cache_salt = r.cache_salt();
-  p.priority = r.priority();
-  if (r.has_add_special_tokens()) p.add_special_tokens = r.add_special_tokens();
-  p.user = r.user();
-  p.stream = true;
-  p.include_usage = true;
+  FromCommon(r, &p);
   return p;
 }
 

@@ -85,14 +85,7 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
   int sources = !f.prompt.empty() + !f.messages_file.empty() + !f.prompt_tokens.empty();
   if (cmd->count("--prompt") > 0 && f.prompt.empty()) sources += 1;  // an explicit empty prompt
   if (sources != 1) return Fail(Status::InvalidArgument("give exactly one of --prompt, --messages, --prompt-tokens"));
-  if (f.model.empty()) {
-    auto p = EnsureDefaultModel();
-    if (!p) return Fail(p.error());
-    f.model = *p;
-  }
-  LoadOptions lo;
-  lo.chat_template = f.engine.chat_template;
-  auto loaded = LoadModel(f.model, lo);
+  auto loaded = LoadCommandModel(f.engine, &f.model);
   if (!loaded) return Fail(loaded.error());
   LoadedModel& m = **loaded;
   const ModelConfig& c = m.weights.config;

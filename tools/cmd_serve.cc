@@ -200,14 +200,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   STRATA_LOG_INFO("HTTP listening on {}:{} (model loading)", f.host, (*http)->port());
 
   // 2. Model, KV stack, engine.
-  if (f.model.empty()) {
-    auto p = EnsureDefaultModel();
-    if (!p) return Fail(p.error());
-    f.model = *p;
-  }
-  LoadOptions lo;
-  lo.chat_template = f.engine.chat_template;
-  auto loaded = LoadModel(f.model, lo);
+  auto loaded = LoadCommandModel(f.engine, &f.model);
   if (!loaded) return Fail(loaded.error());
   LoadedModel& m = **loaded;
   const ModelConfig& c = m.weights.config;

@@ -5,10 +5,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kvcache/kv_config.h"
+#include "model/model_loader.h"
 
 namespace strata::cli {
 
@@ -37,5 +39,10 @@ struct EngineFlags {
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f);
 // Applies the YAML config (if any) under the flags the user did not set.
 bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, std::string* error);
+
+// Loads the model a command runs: `*model_path`, or (when empty) the
+// synthetic default model, written on first use; *model_path is set to the
+// path loaded. Chat format from --chat-template / model.chat_template.
+Result<std::unique_ptr<LoadedModel>> LoadCommandModel(const EngineFlags& f, std::string* model_path);
 
 }  // namespace strata::cli

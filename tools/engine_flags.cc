@@ -87,4 +87,13 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
   return true;
 }
 
+Result<std::unique_ptr<LoadedModel>> LoadCommandModel(const EngineFlags& f, std::string* model_path) {
+  if (model_path->empty()) {
+    STRATA_ASSIGN_OR_RETURN(*model_path, EnsureDefaultModel());
+  }
+  LoadOptions lo;
+  lo.chat_template = f.chat_template;
+  return LoadModel(*model_path, lo);
+}
+
 }  // namespace strata::cli

@@ -3,6 +3,7 @@
 // and a bigger cache never fewer; the cost model and metric arithmetic on
 // known inputs; SimStore timing; cluster files.
 
+#include "bench/report.h"
 #include "bench/simulator.h"
 
 #include <gtest/gtest.h>
@@ -205,11 +206,11 @@ TEST(SimulatorTest, StepCostFormula) {
 }
 
 TEST(SimulatorTest, PercentileInterpolatesBetweenClosestRanks) {
-  EXPECT_EQ(SimPercentile({}, 50), 0.0);
-  EXPECT_DOUBLE_EQ(SimPercentile({3}, 99), 3.0);
-  EXPECT_DOUBLE_EQ(SimPercentile({1, 2, 3, 4}, 50), 2.5);
-  EXPECT_DOUBLE_EQ(SimPercentile({1, 2, 3, 4}, 99), 3.97);
-  EXPECT_DOUBLE_EQ(SimPercentile({0, 10}, 90), 9.0);
+  EXPECT_EQ(Percentile({}, 50), 0.0);
+  EXPECT_DOUBLE_EQ(Percentile({3}, 99), 3.0);
+  EXPECT_DOUBLE_EQ(Percentile({1, 2, 3, 4}, 50), 2.5);
+  EXPECT_DOUBLE_EQ(Percentile({1, 2, 3, 4}, 99), 3.97);
+  EXPECT_DOUBLE_EQ(Percentile({0, 10}, 90), 9.0);
 }
 
 TEST(SimStoreTest, CompletesAfterTheBandwidthDelayAndEvictsLru) {
