@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 
 namespace strata {
 
@@ -21,8 +23,43 @@ int HardwareThreads() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
-ThreadPool::ThreadPool(int num_threads) {
+namespace {
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+int SpinMicrosFromEnv(int requested) {
+  if (requested >= 0) return requested;
+  if (const char* e = std::getenv("STRATA_POOL_SPIN_US"); e != nullptr && *e != '\0') {
+    char* end = nullptr;
+    long v = std::strtol(e, &end, 10);
+    if (end != e && *end == '\0' && v >= 0 && v <= 1000000) return static_cast<int>(v);
+  }
+  return ThreadPool::kDefaultSpinMicros;
+}
+
+// Polls `done` with pause for up to `micros`; true if it became true.
+template <typename Pred>
+bool SpinUntil(int micros, Pred done) {
+  if (micros <= 0) return done();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
+  for (unsigned i = 1;; ++i) {
+    if (done()) return true;
+    CpuRelax();
+    if ((i & 63u) == 0 && std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads, int spin_micros) {
   num_threads_ = num_threads > 0 ? num_threads : HardwareThreads();
+  spin_micros_ = SpinMicrosFromEnv(spin_micros);
   for (int i = 1; i < num_threads_; ++i) {
     workers_.emplace_back([this, i] { WorkerLoop(i); });
   }
@@ -32,6 +69,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   cv_start_.notify_all();
   for (auto& t : workers_) t.join();
@@ -47,15 +85,29 @@ void ThreadPool::DrainTasks() {
   }
 }
 
+bool ThreadPool::JobFinished() const {
+  return tasks_done_.load(std::memory_order_acquire) == job_tasks_ &&
+         active_workers_.load(std::memory_order_acquire) == 0;
+}
+
 void ThreadPool::WorkerLoop(int /*worker_index*/) {
   uint64_t seen = 0;
   for (;;) {
+    // Watch for the next job without the lock for a while; then sleep.
+    SpinUntil(spin_micros_, [&] { return generation_.load(std::memory_order_acquire) != seen; });
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (!stop_ && generation_.load(std::memory_order_relaxed) == seen) {
+        ++sleepers_;
+        cv_start_.wait(lock, [&] { return stop_ || generation_.load(std::memory_order_relaxed) != seen; });
+        --sleepers_;
+      }
       if (stop_) return;
-      seen = generation_;
-      // A worker that wakes after the job already finished finds no job.
+      seen = generation_.load(std::memory_order_relaxed);
+      // A worker that arrives after the job already finished finds no job.
+      // Joining happens only under mu_ while job_ is set; the caller clears
+      // job_ under mu_ only once no worker is in it, so a joined worker's
+      // job_ stays valid until it leaves.
       if (job_ == nullptr) continue;
       active_workers_.fetch_add(1, std::memory_order_acq_rel);
     }
@@ -65,8 +117,8 @@ void ThreadPool::WorkerLoop(int /*worker_index*/) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       active_workers_.fetch_sub(1, std::memory_order_acq_rel);
+      if (caller_waiting_) cv_done_.notify_all();
     }
-    cv_done_.notify_all();
   }
 }
 
@@ -82,19 +134,22 @@ void ThreadPool::Run(int num_tasks, const std::function<void(int)>& fn) {
     job_tasks_ = num_tasks;
     next_task_.store(0, std::memory_order_relaxed);
     tasks_done_.store(0, std::memory_order_relaxed);
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
+    if (sleepers_ > 0) cv_start_.notify_all();
   }
-  cv_start_.notify_all();
   tls_in_pool_task = true;
   DrainTasks();
   tls_in_pool_task = false;
   // Wait for every task to finish and every worker to leave the job, so that
-  // `fn` (owned by the caller) is not touched after we return.
+  // `fn` (owned by the caller) is not touched after we return. The decisive
+  // check is made under mu_, where workers join and leave.
+  SpinUntil(spin_micros_, [&] { return JobFinished(); });
   std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [&] {
-    return tasks_done_.load(std::memory_order_acquire) == job_tasks_ &&
-           active_workers_.load(std::memory_order_acquire) == 0;
-  });
+  if (!JobFinished()) {
+    caller_waiting_ = true;
+    cv_done_.wait(lock, [&] { return JobFinished(); });
+    caller_waiting_ = false;
+  }
   job_ = nullptr;
 }
 

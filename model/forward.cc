@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "model/backend/cpu/attention.h"
 #include "model/backend/cpu/kernels.h"
 #include "model/backend/cpu/matmul.h"
 #include "model/backend/cpu/quant.h"
@@ -120,29 +121,23 @@ void ForwardEngine::Attention(int layer, std::span<const ForwardSeq> batch, cons
     const int n_ctx = pos_of_token[t] + 1;
     thread_local std::vector<float> scores;
     if (static_cast<int>(scores.size()) < n_ctx * group) scores.resize(static_cast<size_t>(n_ctx) * group);
-    // Scores for every query head of the group.
-    for (int j = 0; j < n_ctx; ++j) {
-      const uint8_t* blk = kv_.get() + static_cast<size_t>(seq.block_table[j / bs]) * layout_.block_bytes();
-      const uint8_t* krow = blk + layout_.Offset(layer, 0, j % bs) + static_cast<size_t>(g) * head_bytes;
-      for (int h = 0; h < group; ++h) {
-        const float* qh = q_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group + h) * hd;
-        scores[static_cast<size_t>(h) * n_ctx + j] = cpu::DotKv(qh, krow, kvt, hd) * scale;
-      }
-    }
-    for (int h = 0; h < group; ++h) {
-      float* sh = scores.data() + static_cast<size_t>(h) * n_ctx;
-      cpu::Softmax(sh, n_ctx);
-      float* out = attn_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group + h) * hd;
-      std::fill(out, out + hd, 0.0f);
-    }
-    for (int j = 0; j < n_ctx; ++j) {
-      const uint8_t* blk = kv_.get() + static_cast<size_t>(seq.block_table[j / bs]) * layout_.block_bytes();
-      const uint8_t* vrow = blk + layout_.Offset(layer, 1, j % bs) + static_cast<size_t>(g) * head_bytes;
-      for (int h = 0; h < group; ++h) {
-        float* out = attn_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group + h) * hd;
-        cpu::AxpyKv(scores[static_cast<size_t>(h) * n_ctx + j], vrow, kvt, out, hd);
-      }
-    }
+    cpu::AttnArgs a;
+    a.q = q_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group) * hd;
+    a.group = group;
+    a.head_dim = hd;
+    a.n_ctx = n_ctx;
+    a.kv_base = kv_.get();
+    a.block_bytes = layout_.block_bytes();
+    a.block_table = seq.block_table.data();
+    a.block_size = bs;
+    a.k_offset = layout_.Offset(layer, 0, 0) + static_cast<size_t>(g) * head_bytes;
+    a.v_offset = layout_.Offset(layer, 1, 0) + static_cast<size_t>(g) * head_bytes;
+    a.row_bytes = layout_.row_bytes();
+    a.kv_type = kvt;
+    a.scale = scale;
+    a.out = attn_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group) * hd;
+    a.scores = scores.data();
+    cpu::Attend(a);
   });
 }
 

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <memory>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "common/config.h"
@@ -48,6 +51,43 @@ TEST(ThreadPoolTest, ParallelForCoversRangeExactly) {
     });
     EXPECT_EQ(std::accumulate(v.begin(), v.end(), 0), static_cast<int>(n));
   }
+}
+
+// Back-to-back jobs with the spinning hand-off and with sleep-only waking,
+// with uneven tasks so workers and caller finish in either order, and jobs
+// whose caller-owned function dies right after Run returns (a worker still
+// inside the old job would touch it).
+TEST(ThreadPoolTest, ManyShortJobsSpinningAndSleeping) {
+  for (int spin : {0, 50, 200}) {
+    ThreadPool pool(3, spin);
+    EXPECT_EQ(pool.spin_micros(), spin);
+    int64_t expect = 0;
+    std::atomic<int64_t> sum{0};
+    for (int round = 0; round < 3000; ++round) {
+      const int n = 1 + round % 7;
+      auto fn = std::make_unique<std::function<void(int)>>([&sum, round](int t) {
+        if ((round + t) % 5 == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        sum.fetch_add(t + 1);
+      });
+      pool.Run(n, *fn);
+      fn.reset();
+      expect += static_cast<int64_t>(n) * (n + 1) / 2;
+      ASSERT_EQ(sum.load(), expect) << "spin " << spin << " round " << round;
+    }
+    // Idle long enough for workers to stop spinning and sleep, then wake them.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    pool.Run(4, [&](int t) { sum.fetch_add(t); });
+    EXPECT_EQ(sum.load(), expect + 6);
+  }
+}
+
+TEST(ThreadPoolTest, DestroyWhileWorkersSpin) {
+  for (int i = 0; i < 50; ++i) {
+    ThreadPool pool(2, 100000);
+    std::atomic<int> n{0};
+    pool.Run(2, [&](int) { n.fetch_add(1); });
+    EXPECT_EQ(n.load(), 2);
+  }  // destructor must wake the spinning worker promptly
 }
 
 TEST(ThreadPoolTest, NestedCallsRunInline) {

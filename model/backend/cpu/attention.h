@@ -1,0 +1,62 @@
+#pragma once
+// Attention of one query token's head group over its KV cache, read in place
+// from the block-major KV pool (model/backend/kv_layout.h) through the
+// sequence's block table.
+//
+// One call handles the `group` query heads that share one KV head (GQA; 1 for
+// MHA), so each K and V row is loaded and converted from its stored type once
+// for the whole group. Two passes over the context: scores q·k × scale for
+// every position (kept in `scores`, group × n_ctx floats: a row per head, not
+// a T×T matrix), a softmax per head, then out = Σ p·v. The AVX-512 version
+// keeps the group's queries and outputs in registers for head_dim a multiple
+// of 16 up to 256, and specialises on the KV element type, so the inner loops
+// carry no calls and no type switches (the old per-row DotKv/AxpyKv calls
+// through the dispatcher were ~45% of prefill and decode time).
+//
+// Thread safety: pure function of its arguments; callers run many at once
+// on disjoint outputs and scores.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/backend/dtype.h"
+
+namespace strata::cpu {
+
+struct AttnArgs {
+  const float* q = nullptr;  // group heads, head_dim floats each, contiguous
+  int group = 1;
+  int head_dim = 0;
+  int n_ctx = 0;  // positions [0, n_ctx) attended (causal: query pos + 1)
+  // Position j's K row: kv_base + block_table[j / block_size] * block_bytes
+  //   + k_offset + (j % block_size) * row_bytes; V likewise with v_offset.
+  const uint8_t* kv_base = nullptr;
+  size_t block_bytes = 0;
+  const int32_t* block_table = nullptr;
+  int block_size = 16;
+  size_t k_offset = 0;
+  size_t v_offset = 0;
+  size_t row_bytes = 0;  // bytes between consecutive positions in a block
+  DType kv_type = DType::kF16;  // f32, f16 or bf16
+  float scale = 1.0f;
+  float* out = nullptr;     // group × head_dim floats, overwritten
+  float* scores = nullptr;  // scratch, >= group × n_ctx floats
+};
+
+// REQUIRES: n_ctx >= 1, head_dim >= 1, group >= 1, kv_type a KV type
+// (IsKvDType), every pointer valid for the sizes above. Results agree with
+// AttendReference to float rounding (a few ulps per accumulated term).
+void Attend(const AttnArgs& a);
+
+// The plain per-position version through DotKv/Softmax/AxpyKv of the active
+// SIMD level (the pre-kernel behaviour), for tests and odd shapes.
+void AttendReference(const AttnArgs& a);
+
+namespace internal {
+// The AVX-512 kernel; only call when the CPU has AVX-512 (tests compare it
+// with AttendReference). Shapes it does not specialise fall back to
+// AttendReference.
+void AttendAvx512(const AttnArgs& a);
+}  // namespace internal
+
+}  // namespace strata::cpu

@@ -1,0 +1,187 @@
+// cpu::Attend (every SIMD level's dispatch, and the AVX-512 kernel directly
+// where the CPU has it) against a double-precision attention over the same
+// stored K/V values, read through a shuffled block table.
+
+#include "model/backend/cpu/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/backend/cpu/cpu_features.h"
+#include "model/backend/cpu/kernels.h"
+#include "model/backend/cpu/kernels_internal.h"
+
+namespace strata::cpu {
+namespace {
+
+struct Shape {
+  int head_dim, group, n_kv_heads, n_ctx, block_size;
+  DType kv;
+};
+
+std::string Name(const Shape& s) {
+  return "hd" + std::to_string(s.head_dim) + "_g" + std::to_string(s.group) + "_kvh" + std::to_string(s.n_kv_heads) +
+         "_n" + std::to_string(s.n_ctx) + "_bs" + std::to_string(s.block_size) + "_" + std::string(DTypeName(s.kv));
+}
+
+float Stored(float x, DType t) {
+  if (t == DType::kF16) return internal::HalfBitsToFloat(internal::FloatToHalfBits(x));
+  if (t == DType::kBF16) return internal::Bf16BitsToFloat(internal::FloatToBf16Bits(x));
+  return x;
+}
+
+// A KV pool of `blocks` blocks holding one layer of n_kv_heads heads, the
+// context's blocks at shuffled ids; attends for KV head `g`.
+struct Fixture {
+  Shape s;
+  int g = 0;
+  size_t elem = 0, row_bytes = 0, block_bytes = 0;
+  std::vector<uint8_t> pool;
+  std::vector<int32_t> table;
+  std::vector<float> q;
+  std::vector<std::vector<float>> k, v;  // stored values, [pos][head_dim] for head g
+
+  explicit Fixture(const Shape& sh, uint32_t seed) : s(sh) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    elem = GetDTypeInfo(s.kv).block_bytes;
+    const int kv_dim = s.n_kv_heads * s.head_dim;
+    row_bytes = static_cast<size_t>(kv_dim) * elem;
+    block_bytes = 2 * static_cast<size_t>(s.block_size) * row_bytes;
+    const int need = (s.n_ctx + s.block_size - 1) / s.block_size;
+    const int blocks = need + 3;
+    pool.assign(block_bytes * static_cast<size_t>(blocks), 0xAB);  // garbage outside the context
+    std::vector<int32_t> ids(static_cast<size_t>(blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), gen);
+    table.assign(ids.begin(), ids.begin() + need);
+    g = s.n_kv_heads - 1;
+    std::vector<float> row(static_cast<size_t>(kv_dim));
+    for (int j = 0; j < s.n_ctx; ++j) {
+      uint8_t* blk = pool.data() + static_cast<size_t>(table[j / s.block_size]) * block_bytes;
+      for (int kvi = 0; kvi < 2; ++kvi) {
+        for (float& x : row) x = u(gen) * 2.0f;
+        StoreKv(row.data(), blk + (static_cast<size_t>(kvi) * s.block_size + j % s.block_size) * row_bytes, s.kv,
+                kv_dim);
+        std::vector<float> mine(static_cast<size_t>(s.head_dim));
+        for (int d = 0; d < s.head_dim; ++d) mine[d] = Stored(row[static_cast<size_t>(g * s.head_dim + d)], s.kv);
+        (kvi == 0 ? k : v).push_back(mine);
+      }
+    }
+    q.resize(static_cast<size_t>(s.group * s.head_dim));
+    for (float& x : q) x = u(gen) * 2.0f;
+  }
+
+  AttnArgs Args(float* out, float* scores) const {
+    AttnArgs a;
+    a.q = q.data();
+    a.group = s.group;
+    a.head_dim = s.head_dim;
+    a.n_ctx = s.n_ctx;
+    a.kv_base = pool.data();
+    a.block_bytes = block_bytes;
+    a.block_table = table.data();
+    a.block_size = s.block_size;
+    a.k_offset = static_cast<size_t>(g * s.head_dim) * elem;
+    a.v_offset = static_cast<size_t>(s.block_size) * row_bytes + static_cast<size_t>(g * s.head_dim) * elem;
+    a.row_bytes = row_bytes;
+    a.kv_type = s.kv;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    a.out = out;
+    a.scores = scores;
+    return a;
+  }
+
+  std::vector<double> Reference() const {
+    std::vector<double> out(static_cast<size_t>(s.group * s.head_dim), 0.0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    for (int h = 0; h < s.group; ++h) {
+      std::vector<double> p(static_cast<size_t>(s.n_ctx));
+      double mx = -1e300;
+      for (int j = 0; j < s.n_ctx; ++j) {
+        double d = 0;
+        for (int i = 0; i < s.head_dim; ++i) d += static_cast<double>(q[static_cast<size_t>(h * s.head_dim + i)]) * k[j][i];
+        p[j] = d * scale;
+        mx = std::max(mx, p[j]);
+      }
+      double sum = 0;
+      for (double& x : p) sum += (x = std::exp(x - mx));
+      for (int j = 0; j < s.n_ctx; ++j)
+        for (int i = 0; i < s.head_dim; ++i) out[static_cast<size_t>(h * s.head_dim + i)] += p[j] / sum * v[j][i];
+    }
+    return out;
+  }
+};
+
+// Worst |got - want| over the output, relative to the largest |want| (outputs
+// are convex combinations of V rows, so entries near 0 are not meaningful
+// alone).
+double Error(const std::vector<float>& got, const std::vector<double>& want) {
+  double scale = 1e-30, worst = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    worst = std::max(worst, std::abs(got[i] - want[i]));
+  }
+  return worst / scale;
+}
+
+std::vector<Shape> Shapes() {
+  std::vector<Shape> v;
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int hd : {12, 16, 64, 80, 128, 256}) {
+      for (int group : {1, 3, 4, 8}) {
+        v.push_back({hd, group, 2, 37, 16, kv});
+      }
+    }
+    for (int n : {1, 15, 16, 17, 300}) v.push_back({64, 2, 3, n, 16, kv});
+    v.push_back({64, 4, 1, 50, 1, kv});
+    v.push_back({64, 1, 1, 50, 7, kv});
+  }
+  return v;
+}
+
+class AttendTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(AttendTest, EveryPathMatchesDoublePrecision) {
+  const Shape s = GetParam();
+  Fixture f(s, 1234u + static_cast<uint32_t>(s.head_dim * 31 + s.group * 7 + s.n_ctx));
+  const std::vector<double> want = f.Reference();
+  const size_t n_out = static_cast<size_t>(s.group * s.head_dim);
+  std::vector<float> scores(static_cast<size_t>(s.group * s.n_ctx));
+  // Attend and the reference at every level this CPU runs.
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (level > DetectedSimdLevel()) continue;
+    SetSimdLevelOverride(level);
+    for (bool reference : {false, true}) {
+      std::vector<float> out(n_out, NAN);
+      AttnArgs a = f.Args(out.data(), scores.data());
+      reference ? AttendReference(a) : Attend(a);
+      EXPECT_LE(Error(out, want), 2e-5) << SimdLevelName(level) << (reference ? " reference" : " Attend");
+    }
+  }
+  SetSimdLevelOverride(std::nullopt);
+  if (DetectedSimdLevel() >= SimdLevel::kAvx512) {
+    std::vector<float> out(n_out, NAN);
+    AttnArgs a = f.Args(out.data(), scores.data());
+    internal::AttendAvx512(a);
+    EXPECT_LE(Error(out, want), 2e-5) << "AttendAvx512";
+  } else {
+    GTEST_SKIP() << "CPU lacks AVX-512: only the scalar/AVX2 paths were checked";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttendTest, ::testing::ValuesIn(Shapes()),
+                         [](const auto& info) { return Name(info.param); });
+
+}  // namespace
+}  // namespace strata::cpu
