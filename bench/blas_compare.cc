@@ -1,7 +1,8 @@
 // CPU GEMM and MatMul measurements (not a test: prints numbers, asserts
 // nothing). Build: ninja blas_compare (not part of the default build).
 //
-//   blas_compare [--threads N] [--reps N] [--section bw|sgemm|decode|batch|all]
+//   blas_compare [--threads N] [--reps N] [--section bw|sgemm|decode|batch|shapes|all]
+//                [--types f32,q8_0,...]   (batch and shapes: only these types)
 //
 // bw:     streaming-read bandwidth, 1 and N threads.
 // sgemm:  oneDNN vs OpenBLAS sgemm 512x2048x2048 (M tokens x N rows x K cols),
@@ -10,6 +11,11 @@
 //         as GB/s of weight bytes vs the streaming bandwidth.
 // batch:  MatMul strategies (dot kernels, sgemm over pool tiles, sgemm with
 //         BLAS threads) across batch sizes, to place the crossover.
+// shapes: MatMul (default strategy) on the bench-110m shapes (768x768,
+//         2048x768, 768x2048, 32000x768) for f32/f16/bf16/q8_0/q4_k at
+//         n_tokens 1, 8, 32, 512: GB/s of weights, GFLOP/s, and the share of
+//         the roofline max(bytes / bandwidth, flops / FMA peak), all by CPU
+//         time (not in `all`: run it alone).
 //
 // Weights are cycled through several copies (> 4x L3) so that decode reads
 // come from DRAM, as in a real model. Each number is the best of --reps runs.
@@ -46,6 +52,14 @@ using namespace strata::cpu;
 using Clock = std::chrono::steady_clock;
 
 int g_reps = 7;
+// --types: comma-separated type names to run (empty = all).
+std::string g_types;
+
+bool TypeSelected(DType t) {
+  if (g_types.empty()) return true;
+  const std::string list = "," + g_types + ",";
+  return list.find("," + std::string(DTypeName(t)) + ",") != std::string::npos;
+}
 
 double CpuNow() {
   timespec ts;
@@ -221,7 +235,10 @@ void SectionBatch(ThreadPool& pool) {
     MatMulOptions o;
   };
   const Strategy strategies[] = {
-      {"dot", {.gemm_min_tokens = std::numeric_limits<int64_t>::max()}},
+      {"dot",
+       {.gemm_min_tokens = std::numeric_limits<int64_t>::max(),
+        .tile_min_tokens = std::numeric_limits<int64_t>::max()}},
+      {"tile", {.gemm_min_tokens = std::numeric_limits<int64_t>::max(), .tile_min_tokens = 2}},
       {"default", {}},
       {"gemm-tiles", {.gemm_min_tokens = 1}},
       {"gemm-tiles512", {.gemm_min_tokens = 1, .tile_rows = 512}},
@@ -229,6 +246,7 @@ void SectionBatch(ThreadPool& pool) {
       {"openblas-tiles", {.gemm_min_tokens = 1, .blas = internal::BlasLibrary::kOpenBlas}},
   };
   for (DType t : kTypes) {
+    if (!TypeSelected(t)) continue;
     WeightSet ws = MakeWeights(t, rows, cols, 0);
     std::printf("%s\n  %-14s", std::string(DTypeName(t)).c_str(), "n_tokens");
     const int64_t ns[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 48, 64, 512};
@@ -237,7 +255,8 @@ void SectionBatch(ThreadPool& pool) {
     for (const Strategy& s : strategies) {
       std::printf("  %-14s", s.name);
       for (int64_t n : ns) {
-        const bool dot = std::strcmp(s.name, "dot") == 0;
+        const bool dot =
+            std::strcmp(s.name, "dot") == 0 || (std::strcmp(s.name, "tile") == 0 && n < 512);
         const bool blasthr = std::strcmp(s.name, "gemm-blasthr") == 0;
         if ((dot && n > 64) || (!dot && n < 2) || (blasthr && n != 512)) {
           std::printf(" %14s", "-");
@@ -258,6 +277,73 @@ void SectionBatch(ThreadPool& pool) {
   }
 }
 
+// Independent AVX-512 FMA chains; returns their sum so nothing is dropped.
+__attribute__((target("avx512f"))) float FmaChains(int64_t iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.5f + static_cast<float>(i));
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  }
+  __m512 t = a[0];
+  for (int i = 1; i < 12; ++i) t = _mm512_add_ps(t, a[i]);
+  float out[16];
+  _mm512_storeu_ps(out, t);
+  return out[0] + out[15];
+}
+
+// GFLOP/s of FmaChains on every pool thread (CPU time).
+double FmaPeak(ThreadPool& pool) {
+  const int th = pool.num_threads();
+  constexpr int64_t kIters = 20'000'000;
+  volatile float sink = 0;
+  const Time s = Best([&] { pool.Run(th, [&](int) { sink = sink + FmaChains(kIters); }); }, th, 3);
+  return 2.0 * 16 * 12 * static_cast<double>(kIters) * th / s.cpu / 1e9;
+}
+
+void SectionShapes(ThreadPool& pool, Time bw) {
+  const bool avx512 = ActiveSimdLevel() == SimdLevel::kAvx512;
+  const double peak = avx512 ? FmaPeak(pool) : 0;
+  std::printf(
+      "\n== MatMul on bench-110m shapes, %d threads, cpu time; bw %.1f GB/s, FMA peak %.0f "
+      "GFLOP/s\n",
+      pool.num_threads(), bw.cpu, peak);
+  std::printf("%-6s %-10s %6s %10s %8s %9s %7s\n", "type", "shape", "tokens", "us/call", "GB/s",
+              "GFLOP/s", "share");
+  const DType types[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_K};
+  const int64_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
+  for (DType t : types) {
+    if (!TypeSelected(t)) continue;
+    for (const auto& sh : shapes) {
+      const int64_t rows = sh[0], cols = sh[1];
+      // Weights from DRAM as in a model: cycle copies beyond the caches.
+      WeightSet ws = MakeWeights(t, rows, cols, size_t{96} << 20);
+      for (int64_t n : {1, 8, 32, 512}) {
+        std::vector<float> x(n * cols), y(n * rows);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25f + 1e-3f * static_cast<float>(i % 97);
+        size_t next = 0;
+        const size_t calls = n >= 512 ? 1 : ws.tensors.size();
+        const Time s = Best(
+                           [&] {
+                             for (size_t i = 0; i < calls; ++i) {
+                               MatMul(ws.tensors[next], x.data(), n, y.data(), pool);
+                               next = (next + 1) % ws.tensors.size();
+                             }
+                           },
+                           pool.num_threads(), n >= 512 ? 3 : g_reps) /
+                       static_cast<double>(calls);
+        const double bytes = static_cast<double>(ws.bytes_each);
+        const double flop = 2.0 * static_cast<double>(n * rows * cols);
+        const double roof = std::max(bytes / (bw.cpu * 1e9), peak > 0 ? flop / (peak * 1e9) : 0);
+        std::printf("%-6s %5ldx%-5ld %6ld %10.1f %8.1f %9.1f %7.2f\n",
+                    std::string(DTypeName(t)).c_str(), rows, cols, n, s.cpu * 1e6,
+                    bytes / s.cpu / 1e9, flop / s.cpu / 1e9, roof / s.cpu);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -267,15 +353,18 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) g_reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--section")) section = argv[i + 1];
+    if (!std::strcmp(argv[i], "--types")) g_types = argv[i + 1];
   }
   strata::ThreadPool pool(threads);
   std::printf("SIMD level %s, BLAS default %s, threads %d\n",
               std::string(SimdLevelName(ActiveSimdLevel())).c_str(),
               internal::BlasName(internal::BlasLibrary::kDefault), threads);
   Time bw;
-  if (section == "all" || section == "bw" || section == "decode") SectionBandwidth(pool, &bw);
+  if (section == "all" || section == "bw" || section == "decode" || section == "shapes")
+    SectionBandwidth(pool, &bw);
   if (section == "all" || section == "sgemm") SectionSgemm(pool);
   if (section == "all" || section == "decode") SectionDecode(pool, bw);
   if (section == "all" || section == "batch") SectionBatch(pool);
+  if (section == "shapes") SectionShapes(pool, bw);
   return 0;
 }

@@ -72,14 +72,18 @@ int64_t TileRows(int64_t cols, int64_t requested) {
   return std::clamp<int64_t>(r, 64, 512);
 }
 
-void DotPath(const KernelTable& kernels, int type_index, const DotArgs& base, ThreadPool& pool) {
-  const DotRowsFn dot = kernels.dot[type_index];
+void DotPath(const KernelTable& kernels, int type_index, bool tile, const DotArgs& base,
+             ThreadPool& pool) {
+  const DotRowsFn dot = tile ? kernels.tile[type_index] : kernels.dot[type_index];
+  const int64_t scratch_floats = tile ? TileScratchFloats(base.cols) : 0;
   const int64_t rows = base.row_end;
   const int64_t macs_per_row = std::max<int64_t>(base.cols * base.n_tokens, 1);
   const int64_t min_rows = std::max<int64_t>(1, kMinTaskMacs / macs_per_row);
   const int64_t tasks = std::min<int64_t>(pool.num_threads(), CeilDiv(rows, min_rows));
   if (tasks <= 1) {
-    dot(base);
+    DotArgs a = base;
+    if (tile) a.scratch = ThreadScratch(scratch_floats);
+    dot(a);
     return;
   }
   int64_t per = CeilDiv(rows, tasks);
@@ -88,6 +92,7 @@ void DotPath(const KernelTable& kernels, int type_index, const DotArgs& base, Th
     DotArgs a = base;
     a.row_begin = task * per;
     a.row_end = std::min(rows, a.row_begin + per);
+    if (tile) a.scratch = ThreadScratch(scratch_floats);
     dot(a);
   });
 }
@@ -165,28 +170,38 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
 
 }  // namespace
 
-// Where dequantize + sgemm overtakes the dot kernels (bench/blas_compare,
-// 5632x2048, 2 threads, CPU time). With oneDNN: f32 at 2 tokens (sgemm
-// reads the f32 weight as fast as the dot kernel and computes better); the
-// others at 3 to 8: the dot kernels handle 4 tokens per pass over the weights,
-// and Q4_0's decode is the cheapest. OpenBLAS is slow for small batches
-// (~5 ms for 2 to 8 tokens here, vs 0.5-2 ms), so with it sgemm waits longer.
+// Where dequantize + sgemm overtakes the tile kernels (bench/blas_compare
+// and a single-thread driver, 5632x2048, CPU time, oneDNN): about equal at
+// 64 tokens for f32, Q8_0 and Q4_K (86-91 GFLOP/s per thread), sgemm ahead
+// by 5-15% from 128 on (its packing and cache blocking over tokens); the
+// tile kernels ahead below 64 (oneDNN needs 8-token chunks there, and each
+// chunk re-reads the tile). OpenBLAS is slower still at small batches.
 int64_t DefaultGemmMinTokens(DType t, BlasLibrary lib) {
-  if (ResolveBlas(lib) != BlasLibrary::kDnnl) return t == DType::kF32 ? 8 : 32;
+  (void)t;
+  (void)lib;
+  return 64;
+}
+
+// Where the tile kernels overtake the dot kernels (same driver, 1 thread,
+// ms at 2/3/4/6 tokens, dot vs tile): f32 equal at 2 (both memory-bound),
+// tile 1.3-1.7x faster from 3; F16 dot faster at 2 (1.4 vs 1.6), tile
+// (fused) faster from 3; Q8_0 dot faster at 2 and 3 (1.0 vs 1.4, 2.4 vs
+// 2.6), tile faster from 4; the K-quants' single-row dot kernels stay ahead
+// up to 4 tokens (2.0 vs 2.3) and lose from 6 (2.9 vs 2.5).
+int64_t DefaultTileMinTokens(DType t) {
   switch (t) {
     case DType::kF32:
       return 2;
-    case DType::kQ8_0:
-      return 3;
     case DType::kF16:
     case DType::kBF16:
+      return 3;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
       return 4;
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
       return 5;
-    case DType::kQ4_0:
-      return 8;
   }
   return 4;
 }
@@ -210,6 +225,9 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
     GemmPath(w, type_index, x, n_tokens, y, pool, options);
     return;
   }
+  const int64_t tile_min =
+      options.tile_min_tokens > 0 ? options.tile_min_tokens : DefaultTileMinTokens(w.type);
+  const bool tile = n_tokens >= tile_min;
   DotArgs a;
   a.w = w.data;
   a.row_bytes = RowBytes(w.type, cols);
@@ -220,7 +238,19 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
   a.n_tokens = n_tokens;
   a.y = y;
   a.y_stride = rows;
-  if (DotNeedsXSum(type_index)) {
+  if (tile && (cols * sizeof(float)) % 4096 == 0 && n_tokens > 1) {
+    // Tokens a multiple of 4 KiB apart share L1 sets (as many streams as
+    // tokens in a tile, plus the weights): copy them a cache line apart.
+    thread_local std::vector<float> padded;
+    const int64_t stride = TileRowStride(cols);
+    padded.resize(static_cast<size_t>(n_tokens * stride));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      std::copy(x + t * cols, x + (t + 1) * cols, padded.data() + t * stride);
+    }
+    a.x = padded.data();
+    a.x_stride = stride;
+  }
+  if (!tile && DotNeedsXSum(type_index)) {
     thread_local std::vector<float> xsum;
     const int64_t per_token = cols / 32;
     xsum.resize(static_cast<size_t>(n_tokens * per_token));
@@ -233,7 +263,7 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
   }
   // One table for the whole call (tests switch levels between calls).
   const KernelTable& kernels = ActiveKernels();
-  DotPath(kernels, type_index, a, pool);
+  DotPath(kernels, type_index, tile, a, pool);
 }
 
 }  // namespace internal

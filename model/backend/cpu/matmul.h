@@ -2,15 +2,18 @@
 // The CPU matrix product of a weight tensor (in its stored type) with a batch
 // of f32 activation rows: the linear layers of a transformer.
 //
-// Weights are never expanded to a full f32 copy. Small batches (decode: below
-// 2 to 6 tokens depending on the type) use SIMD dot kernels that decode
-// weight blocks in registers, each thread on a contiguous range of rows, up to
-// 4 tokens per pass over a row. Larger batches (prefill) dequantize tiles of
-// ~256 rows into a per-thread f32 scratch and multiply them with the BLAS
-// sgemm (oneDNN when built with it, else OpenBLAS), single-threaded inside
-// each of the pool's tasks, so BLAS threads never compete with the pool's
-// (measured faster than one multi-threaded sgemm on 2 cores). f32 weights go
-// to sgemm directly, split by rows over the pool.
+// Weights are never expanded to a full f32 copy. Single tokens (and 2 to 4
+// depending on the type) use SIMD dot kernels that decode weight blocks in
+// registers, each thread on a contiguous range of rows. From there up to 63
+// tokens, register-blocked tile kernels read and decode each weight once per
+// call and multiply it with every token in tiles of 4 rows x up to 6 tokens
+// of f32 accumulators (decoding in registers, or into a 4-row L1 panel).
+// From 64 tokens (prefill) tiles of ~256 rows are dequantized into a
+// per-thread f32 scratch and multiplied with the BLAS sgemm (oneDNN when
+// built with it, else OpenBLAS), single-threaded inside each of the pool's
+// tasks, so BLAS threads never compete with the pool's (measured faster than
+// one multi-threaded sgemm on 2 cores). f32 weights go to sgemm directly,
+// split by rows over the pool.
 
 #include <cstdint>
 

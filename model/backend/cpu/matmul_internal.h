@@ -34,14 +34,19 @@ struct MatMulOptions {
   // n_tokens at or above which the sgemm path is taken; <= 0 = per-type
   // default. 1 forces sgemm always, INT64_MAX never.
   int64_t gemm_min_tokens = 0;
+  // Below gemm_min_tokens: n_tokens at or above which the register-blocked
+  // tile kernels replace the dot kernels; <= 0 = default (2). INT64_MAX =
+  // dot kernels only.
+  int64_t tile_min_tokens = 0;
   // Rows dequantized per sgemm tile; <= 0 = chosen from cols.
   int64_t tile_rows = 0;
   GemmThreading threading = GemmThreading::kPoolTiles;
   BlasLibrary blas = BlasLibrary::kDefault;
 };
 
-// The n_tokens threshold MatMul uses for `t` by default with `lib`.
+// The n_tokens thresholds MatMul uses for `t` by default with `lib`.
 int64_t DefaultGemmMinTokens(DType t, BlasLibrary lib = BlasLibrary::kDefault);
+int64_t DefaultTileMinTokens(DType t);
 
 void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float* y,
                        ThreadPool& pool, const MatMulOptions& options);

@@ -50,7 +50,20 @@ struct DotArgs {
   // Q4_K and Q5_K only: sums of x over each 32-element sub-block, cols / 32
   // per token, token t at xsum + t * (cols / 32).
   const float* xsum = nullptr;
+  // Tile kernels only: this thread's buffer of TileScratchFloats(cols)
+  // floats (64-byte aligned) for decoded weight rows, and the distance
+  // between tokens in x (0 = cols; MatMul pads it to avoid 4 KiB aliasing).
+  float* scratch = nullptr;
+  int64_t x_stride = 0;
 };
+
+// Rows the tile kernels decode at a time into DotArgs::scratch (one panel:
+// it stays in L1 while every token passes over it).
+inline constexpr int64_t kTileBlockRows = 4;
+// Decoded rows are this many floats apart: one spare cache line per row, so
+// that rows a power of two apart do not compete for the same L1 sets.
+inline int64_t TileRowStride(int64_t cols) { return cols + 16; }
+inline int64_t TileScratchFloats(int64_t cols) { return kTileBlockRows * TileRowStride(cols); }
 
 // Whether DotArgs::xsum must be set for type index i.
 inline bool DotNeedsXSum(int type_index) { return type_index == 5 || type_index == 6; }
@@ -62,6 +75,11 @@ using EncodeRowFn = void (*)(const float* src, void* dst, int64_t n);
 struct KernelTable {
   const char* name;
   DotRowsFn dot[kNumTypes];
+  // Register-blocked kernels for 2+ tokens, same contract as dot (plus
+  // DotArgs::scratch): each weight row is decoded once (exactly as dequant
+  // does) and multiplied with every token in tiles of 4 rows x up to 6 tokens
+  // of f32 accumulators. The scalar table reuses its dot kernels here.
+  DotRowsFn tile[kNumTypes];
   // Must give exactly the scalar codec's floats (tests check bit equality).
   DequantRowFn dequant[kNumTypes];
   EncodeRowFn f32_to_f16;

@@ -49,16 +49,20 @@ void ScalarDotRows(const DotArgs& a) {
     buf.reset(new float[static_cast<size_t>(a.cols)]);
     buf_size = a.cols;
   }
+  // Also the scalar table's tile kernel, so x may be padded (x_stride).
+  const int64_t x_stride = a.x_stride > 0 ? a.x_stride : a.cols;
   for (int64_t r = a.row_begin; r < a.row_end; ++r) {
     kScalarDequant[kIndex](a.w + r * a.row_bytes, buf.get(), a.cols);
     for (int64_t t = 0; t < a.n_tokens; ++t) {
-      a.y[t * a.y_stride + r] = Dot(buf.get(), a.x + t * a.cols, a.cols);
+      a.y[t * a.y_stride + r] = Dot(buf.get(), a.x + t * x_stride, a.cols);
     }
   }
 }
 
 constexpr KernelTable kScalarTable = {
     "scalar",
+    {&ScalarDotRows<0>, &ScalarDotRows<1>, &ScalarDotRows<2>, &ScalarDotRows<3>, &ScalarDotRows<4>,
+     &ScalarDotRows<5>, &ScalarDotRows<6>, &ScalarDotRows<7>},
     {&ScalarDotRows<0>, &ScalarDotRows<1>, &ScalarDotRows<2>, &ScalarDotRows<3>, &ScalarDotRows<4>,
      &ScalarDotRows<5>, &ScalarDotRows<6>, &ScalarDotRows<7>},
     {kScalarDequant[0], kScalarDequant[1], kScalarDequant[2], kScalarDequant[3], kScalarDequant[4],

@@ -172,7 +172,11 @@ TEST(MatMulTest, EveryStrategyMatches) {
     MatMulOptions options;
   };
   std::vector<Strategy> strategies;
-  strategies.push_back({"dot", {.gemm_min_tokens = std::numeric_limits<int64_t>::max()}});
+  strategies.push_back({"dot",
+                        {.gemm_min_tokens = std::numeric_limits<int64_t>::max(),
+                         .tile_min_tokens = std::numeric_limits<int64_t>::max()}});
+  strategies.push_back(
+      {"tile", {.gemm_min_tokens = std::numeric_limits<int64_t>::max(), .tile_min_tokens = 1}});
   for (BlasLibrary lib : {BlasLibrary::kDnnl, BlasLibrary::kOpenBlas}) {
     if (!internal::BlasAvailable(lib)) continue;
     for (GemmThreading th : {GemmThreading::kPoolTiles, GemmThreading::kBlasThreads}) {
@@ -194,6 +198,68 @@ TEST(MatMulTest, EveryStrategyMatches) {
             std::string(DTypeName(type)) + " " + s.name + " n=" + std::to_string(n_tokens));
       }
     }
+  }
+}
+
+// Every batch size from 1 to 70 (across the dot / tile / sgemm thresholds of
+// every type and the tile kernels' 4-row x 1..6-token tiles), with row counts
+// that leave partial 4-row panels and uneven thread splits: the default
+// choice and the tile kernels forced at every size, at every SIMD level.
+TEST(MatMulTest, EveryTokenCountMatches) {
+  ThreadPool two(2);
+  const MatMulOptions tile_only{.gemm_min_tokens = std::numeric_limits<int64_t>::max(),
+                                .tile_min_tokens = 1};
+  for (DType type : kAllTypes) {
+    const int64_t cols = ColsFor(type);
+    for (int64_t rows : {6, 37}) {
+      const TestWeight w = MakeWeight(type, rows, cols, static_cast<uint32_t>(rows + 3));
+      for (int64_t n_tokens = 1; n_tokens <= 70; ++n_tokens) {
+        const std::vector<float> x = RandomX(n_tokens * cols, static_cast<uint32_t>(n_tokens));
+        const Reference ref = Compute(w, x, n_tokens);
+        for (SimdLevel level : Levels()) {
+          LevelScope scope(level);
+          const std::string what = std::string(DTypeName(type)) + " rows=" + std::to_string(rows) +
+                                   " n=" + std::to_string(n_tokens) + " " +
+                                   std::string(SimdLevelName(level));
+          std::vector<float> y(n_tokens * rows, -1.f);
+          MatMul(w.tensor, x.data(), n_tokens, y.data(), two);
+          ExpectMatches(ref, y, Tolerance(type), what + " default");
+          std::fill(y.begin(), y.end(), -1.f);
+          internal::MatMulWithOptions(w.tensor, x.data(), n_tokens, y.data(), two, tile_only);
+          ExpectMatches(ref, y, Tolerance(type), what + " tile");
+        }
+      }
+    }
+  }
+}
+
+// Rows 4 KiB apart (1024 columns): the tile path copies x to a padded
+// buffer and pads its decoded rows; results must not change.
+TEST(MatMulTest, TilePathWithPowerOfTwoColumns) {
+  ThreadPool two(2);
+  const int64_t cols = 1024, rows = 23;
+  for (DType type : kAllTypes) {
+    const TestWeight w = MakeWeight(type, rows, cols, 21);
+    for (int64_t n_tokens : {2, 4, 7, 8, 9, 33, 63}) {
+      const std::vector<float> x = RandomX(n_tokens * cols, 22);
+      std::vector<float> y(n_tokens * rows, -1.f);
+      internal::MatMulWithOptions(
+          w.tensor, x.data(), n_tokens, y.data(), two,
+          {.gemm_min_tokens = std::numeric_limits<int64_t>::max(), .tile_min_tokens = 1});
+      ExpectMatches(w, x, n_tokens, y, Tolerance(type),
+                    std::string(DTypeName(type)) + " n=" + std::to_string(n_tokens));
+    }
+  }
+}
+
+// The defaults: the sgemm path from 64 tokens, the tile kernels from 2 to 5
+// tokens (by type) below it.
+TEST(MatMulTest, DefaultThresholds) {
+  for (DType type : kAllTypes) {
+    EXPECT_EQ(internal::DefaultGemmMinTokens(type), 64) << DTypeName(type);
+    const int64_t tile = internal::DefaultTileMinTokens(type);
+    EXPECT_GE(tile, 2) << DTypeName(type);
+    EXPECT_LE(tile, 5) << DTypeName(type);
   }
 }
 
