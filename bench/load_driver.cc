@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/grpc_client.h"
 #include "common/http_client.h"
 
 namespace strata::bench {
@@ -59,7 +60,8 @@ void FillUsage(const json& u, RequestRecord* r) {
 
 class Driver {
  public:
-  Driver(const Workload& w, const LoadOptions& o) : w_(w), o_(o) {
+  Driver(const Workload& w, const LoadOptions& o, std::unique_ptr<GrpcClient> grpc)
+      : w_(w), o_(o), grpc_(std::move(grpc)) {
     size_t n = 0;
     for (const auto& s : w_.sessions) {
       first_slot_.push_back(n);
@@ -76,12 +78,14 @@ class Driver {
   void RunSession(size_t s);
   // Sends one turn; fills *r; returns the assistant text (chat).
   std::string Send(const Turn& turn, const json* messages, RequestRecord* r);
+  std::string SendGrpc(const Turn& turn, const json* messages, RequestRecord* r);
   void Monitor();
   MetricsSample Scrape();
   void DrawProgress(bool final);
 
   const Workload& w_;
   const LoadOptions& o_;
+  const std::unique_ptr<GrpcClient> grpc_;  // set: the gRPC transport
   Clock::time_point t0_;
   std::vector<size_t> first_slot_;
   std::vector<RequestRecord> records_;  // slot i written by one session thread
@@ -99,7 +103,22 @@ class Driver {
       "strata-bench-" + std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + "-";
 };
 
+std::string Driver::SendGrpc(const Turn& turn, const json* messages, RequestRecord* r) {
+  GrpcSend q;
+  q.model = o_.model;
+  q.max_tokens = turn.max_tokens;
+  if (messages != nullptr) {
+    q.chat = true;
+    for (const json& m : *messages) q.messages.emplace_back(m.value("role", ""), m.value("content", ""));
+  } else {
+    q.prompt = turn.prompt;
+  }
+  if (o_.unique_cache_salt) q.cache_salt = salt_prefix_ + std::to_string(r->index);
+  return grpc_->Send(q, t0_, o_.request_timeout_s, r);
+}
+
 std::string Driver::Send(const Turn& turn, const json* messages, RequestRecord* r) {
+  if (grpc_) return SendGrpc(turn, messages, r);
   json body = {{"model", o_.model},
                {"max_tokens", turn.max_tokens},
                {"stream", true},
@@ -216,6 +235,12 @@ void Driver::RunSession(size_t s) {
 }
 
 MetricsSample Driver::Scrape() {
+  if (grpc_) {
+    MetricsSample m;
+    if (grpc_->Scrape(&m)) metrics_ok_ = true;
+    m.t_s = Since(t0_);
+    return m;
+  }
   auto resp = strata::HttpCall(o_.host, o_.port, "GET", "/metrics", "", {}, 10);
   MetricsSample m;
   if (resp && resp->status == 200) {
@@ -425,6 +450,33 @@ int ProbeVocabSize(const std::string& host, int port, const std::string& model) 
   return std::atoi(msg.c_str() + at + key.size());
 }
 
+Result<ServerUrl> ParseServerUrl(std::string_view url) {
+  ServerUrl u;
+  if (IsGrpcUrl(url)) {
+    STRATA_ASSIGN_OR_RETURN(auto hp, ParseGrpcUrl(url));
+    u.host = std::move(hp.first);
+    u.port = hp.second;
+    u.grpc = true;
+    return u;
+  }
+  STRATA_ASSIGN_OR_RETURN(strata::HttpUrl h, strata::ParseHttpUrl(url));
+  u.host = h.host;
+  u.port = h.port;
+  return u;
+}
+
+Result<ServedModel> QueryModel(const ServerUrl& url) {
+  if (!url.grpc) return QueryModel(url.host, url.port);
+  STRATA_ASSIGN_OR_RETURN(auto client, GrpcClient::Connect(url.host, url.port));
+  return client->QueryModel();
+}
+
+int ProbeVocabSize(const ServerUrl& url, const std::string& model) {
+  if (!url.grpc) return ProbeVocabSize(url.host, url.port, model);
+  auto client = GrpcClient::Connect(url.host, url.port);
+  return client.ok() ? (*client)->ProbeVocabSize(model) : 0;
+}
+
 Result<LoadResult> RunLoad(const Workload& workload, const LoadOptions& options) {
   if (options.rate > 0 && options.concurrency > 0)
     return Status::InvalidArgument("give --rate or --concurrency, not both");
@@ -436,7 +488,11 @@ Result<LoadResult> RunLoad(const Workload& workload, const LoadOptions& options)
         return Status::InvalidArgument("this workload has no timestamps: give --rate R or --concurrency N");
     }
   }
-  Driver d(workload, options);
+  std::unique_ptr<GrpcClient> grpc;
+  if (options.grpc) {
+    STRATA_ASSIGN_OR_RETURN(grpc, GrpcClient::Connect(options.host, options.port));
+  }
+  Driver d(workload, options, std::move(grpc));
   return d.Run();
 }
 

@@ -1,6 +1,8 @@
 #pragma once
 // The live load driver of `strata bench run`: sends a Workload to an
-// OpenAI-compatible server over streaming HTTP and records, per request, when
+// OpenAI-compatible server over streaming HTTP, or to strata's gRPC service
+// (strata.v1.Strata, streaming Generate/Chat; bench/grpc_client.h) when the
+// URL is grpc://HOST:PORT, and records, per request, when
 // it started, when each token arrived, when it ended, the usage the server
 // reported (prompt, cached by tier, generated) and any error.
 //
@@ -12,8 +14,9 @@
 //   other to completion.
 // Chat turns wait think_time_s after the previous turn's end.
 //
-// Threads: one thread per in-flight session (blocking sockets), plus one
-// monitor thread that scrapes /metrics and draws the progress bar. That holds
+// Threads: one thread per in-flight session (blocking sockets; over gRPC one
+// blocking streaming call on a shared channel), plus one monitor thread that
+// scrapes /metrics (gRPC: the CacheStats call) and draws the progress bar. That holds
 // 64 concurrent streams on two cores easily; beyond a few hundred streams the
 // thread stacks and context switches dominate, and an event-loop client would
 // be needed.
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/workload.h"
@@ -49,10 +53,14 @@ struct RequestRecord {
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
   std::array<int64_t, 4> cached_by_tier{};  // kTierNames order
-  int http_status = 0;  // 0: no HTTP answer (transport error)
-  // "" on success; else an error class: "http_<status>", "transport",
-  // "stream" (an error event inside a 200 stream), "context" (refused
-  // because the prompt does not fit the model's context).
+  // 0: no answer (transport error). gRPC: the HTTP equivalent of the status
+  // (429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, ...), so rejections count alike.
+  int http_status = 0;
+  std::string grpc_status;  // gRPC only: the status name ("OK", "UNAVAILABLE", ...)
+  // "" on success; else an error class: "http_<status>" / "grpc_<STATUS>",
+  // "transport", "stream" (an error event inside a 200 stream, or a gRPC
+  // stream without usage), "context" (refused because the prompt does not fit
+  // the model's context).
   std::string error;
   std::string error_message;
 
@@ -71,6 +79,7 @@ struct MetricsSample {
 struct LoadOptions {
   std::string host;
   int port = 0;
+  bool grpc = false;  // host:port is strata's gRPC port (grpc:// URL)
   std::string model;  // "model" field of requests
   // Exactly one mode: rate > 0 (Poisson open loop), concurrency > 0 (closed
   // loop), or neither with trace timestamps (open loop at time_scale).
@@ -101,6 +110,14 @@ struct LoadResult {
 // failures are records.
 Result<LoadResult> RunLoad(const Workload& workload, const LoadOptions& options);
 
+// A `bench run --url`: http://HOST:PORT or grpc://HOST:PORT.
+struct ServerUrl {
+  std::string host;
+  int port = 0;
+  bool grpc = false;
+};
+Result<ServerUrl> ParseServerUrl(std::string_view url);
+
 // Parses Prometheus text into a sample (t_s left 0). Missing metrics stay 0.
 MetricsSample ParseMetricsSample(const std::string& prometheus_text);
 
@@ -110,10 +127,13 @@ struct ServedModel {
   int max_model_len = 0;
 };
 Result<ServedModel> QueryModel(const std::string& host, int port);
+// Either transport (gRPC: Health + Tokenize); errors name the URL's server.
+Result<ServedModel> QueryModel(const ServerUrl& url);
 
 // The vocabulary size, learnt from the server's refusal of an out-of-range
 // token id ("... outside the vocabulary [0, N)"); nullopt-like 0 when the
 // answer does not say.
 int ProbeVocabSize(const std::string& host, int port, const std::string& model);
+int ProbeVocabSize(const ServerUrl& url, const std::string& model);
 
 }  // namespace strata::bench

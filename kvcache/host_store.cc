@@ -1,10 +1,112 @@
 #include "kvcache/host_store.h"
 
+#include <dlfcn.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
 
+#include "common/logging.h"
+
 namespace strata::kvcache {
+
+namespace {
+
+constexpr uint64_t kPageBytes = 4096;
+
+// The three CUDA runtime entry points the host tier needs, resolved at run
+// time. cudaError_t is an int enum; 0 is cudaSuccess.
+struct CudaHostApi {
+  using GetDeviceCountFn = int (*)(int*);
+  using HostRegisterFn = int (*)(void*, size_t, unsigned int);
+  using HostUnregisterFn = int (*)(void*);
+  GetDeviceCountFn get_device_count = nullptr;
+  HostRegisterFn host_register = nullptr;
+  HostUnregisterFn host_unregister = nullptr;
+  int device_count = 0;
+  std::string status;  // why there is no device, when device_count == 0
+};
+
+CudaHostApi LoadCudaHostApi(const std::string& library) {
+  CudaHostApi api;
+  std::vector<std::string> names;
+  if (!library.empty()) {
+    names.push_back(library);
+  } else {
+    names = {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"};
+  }
+  void* handle = nullptr;
+  std::string tried;
+  for (const auto& n : names) {
+    // Never closed: the runtime stays loaded for the process (unregistering
+    // at destruction needs it, and unloading CUDA is not safe anyway).
+    handle = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle != nullptr) break;
+    tried += (tried.empty() ? "" : ", ") + n;
+  }
+  if (handle == nullptr) {
+    api.status = "no CUDA runtime (dlopen " + tried + " failed)";
+    return api;
+  }
+  api.get_device_count = reinterpret_cast<CudaHostApi::GetDeviceCountFn>(dlsym(handle, "cudaGetDeviceCount"));
+  api.host_register = reinterpret_cast<CudaHostApi::HostRegisterFn>(dlsym(handle, "cudaHostRegister"));
+  api.host_unregister = reinterpret_cast<CudaHostApi::HostUnregisterFn>(dlsym(handle, "cudaHostUnregister"));
+  if (!api.get_device_count || !api.host_register || !api.host_unregister) {
+    api.status = "the CUDA runtime lacks cudaGetDeviceCount/cudaHostRegister/cudaHostUnregister";
+    return api;
+  }
+  int count = 0;
+  const int err = api.get_device_count(&count);
+  if (err != 0 || count <= 0) {
+    api.status = "no CUDA device (cudaGetDeviceCount error " + std::to_string(err) + ", " +
+                 std::to_string(count) + " devices)";
+    return api;
+  }
+  api.device_count = count;
+  return api;
+}
+
+// The default library is looked up once per process; an explicit one
+// (tests, unusual installs) on each call. Handles are never closed, so the
+// function pointers stay valid.
+CudaHostApi CudaHost(const std::string& library) {
+  if (library.empty()) {
+    static const CudaHostApi api = LoadCudaHostApi("");
+    return api;
+  }
+  return LoadCudaHostApi(library);
+}
+
+}  // namespace
+
+void HostStore::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+HostStore::~HostStore() {
+  if (pinned_ && cuda_unregister_ != nullptr) (void)cuda_unregister_(buffer_.get());
+}
+
+void HostStore::MaybePin(const HostStoreOptions& options, uint64_t bytes) {
+  if (!options.pin) {
+    pin_status_ = "not pinned: turned off (HostStoreOptions::pin)";
+    return;
+  }
+  const CudaHostApi api = CudaHost(options.cudart_library);
+  if (api.device_count <= 0) {
+    pin_status_ = "not pinned: " + api.status;
+    return;
+  }
+  // cudaHostRegisterPortable (1): pinned for every CUDA context.
+  const int err = api.host_register(buffer_.get(), bytes, 1u);
+  if (err != 0) {
+    pin_status_ = "not pinned: cudaHostRegister of " + std::to_string(bytes) + " bytes failed (error " +
+                  std::to_string(err) + ")";
+    return;
+  }
+  pinned_ = true;
+  cuda_unregister_ = api.host_unregister;
+  pin_status_ = "pinned (cudaHostRegister, " + std::to_string(api.device_count) + " CUDA devices)";
+}
 
 Result<std::unique_ptr<HostStore>> HostStore::Create(const HostStoreOptions& options) {
   if (options.block_bytes == 0) return Status::InvalidArgument("host store: block_bytes must be > 0");
@@ -13,10 +115,14 @@ Result<std::unique_ptr<HostStore>> HostStore::Create(const HostStoreOptions& opt
     return Status::InvalidArgument("host store: too many slots (" + std::to_string(slots) + ")");
   std::unique_ptr<HostStore> s(new HostStore(options, static_cast<int32_t>(slots)));
   if (!options.metadata_only && slots > 0) {
-    s->buffer_.reset(new (std::nothrow) uint8_t[slots * options.block_bytes]);
-    if (!s->buffer_)
-      return Status::ResourceExhausted("host store: cannot allocate " +
-                                       std::to_string(slots * options.block_bytes) + " bytes");
+    const uint64_t bytes = slots * options.block_bytes;
+    // Page-aligned (and a whole number of pages) so that registering it
+    // with CUDA pins exactly the arena.
+    const uint64_t alloc = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+    s->buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kPageBytes, alloc)));
+    if (!s->buffer_) return Status::ResourceExhausted("host store: cannot allocate " + std::to_string(bytes) + " bytes");
+    s->MaybePin(options, alloc);
+    STRATA_LOG_INFO("host KV tier: {} slots of {} bytes, {}", slots, options.block_bytes, s->pin_status_);
   }
   return s;
 }

@@ -1,7 +1,14 @@
 #pragma once
 // The host DRAM tier: a BlockStore over fixed-size slots in one buffer of
-// `capacity_bytes` (rounded down to whole blocks). Plain memory for now;
-// pinned memory comes with the CUDA backend.
+// `capacity_bytes` (rounded down to whole blocks).
+//
+// Pinned memory: when `pin` is set and a CUDA device is present, the buffer
+// is page-locked with cudaHostRegister so device<->host copies can DMA. The
+// CUDA runtime is found at run time (dlopen of libcudart.so, .so.13, .so.12,
+// ...; no link-time dependency); without it, without a device, or when
+// registration fails, the buffer stays plain memory. Create logs which one
+// happened; pinned() / pin_status() tell it. A pinned buffer is committed
+// (every page resident) from the start.
 //
 // Operations finish inside Submit*: the memcpy is done before SubmitWrite or
 // SubmitRead returns, and the completion is queued for the next Poll(). So
@@ -17,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -30,12 +38,26 @@ struct HostStoreOptions {
   uint64_t capacity_bytes = 0;  // 0 = the tier is off (every write fails)
   uint64_t block_bytes = 0;     // REQUIRES: > 0
   bool metadata_only = false;
+  // Page-lock the buffer when a CUDA device is present (see above).
+  bool pin = true;
+  // The CUDA runtime library to dlopen; empty = the usual names
+  // (libcudart.so, libcudart.so.13, libcudart.so.12, libcudart.so.11.0).
+  std::string cudart_library = {};
 };
 
 class HostStore final : public BlockStore {
  public:
   // Allocates the slot buffer (untouched pages cost nothing until written).
   static Result<std::unique_ptr<HostStore>> Create(const HostStoreOptions& options);
+  ~HostStore() override;
+  HostStore(const HostStore&) = delete;
+  HostStore& operator=(const HostStore&) = delete;
+
+  // True when the slot buffer is page-locked (cudaHostRegister).
+  bool pinned() const { return pinned_; }
+  // Why the buffer is or is not pinned, e.g. "pinned (cudaHostRegister)",
+  // "not pinned: no CUDA device (cudaGetDeviceCount error 100)".
+  const std::string& pin_status() const { return pin_status_; }
 
   std::string_view name() const override { return "host"; }
   StoreStats stats() const override;
@@ -61,10 +83,19 @@ class HostStore final : public BlockStore {
   explicit HostStore(const HostStoreOptions& options, int32_t slots);
   uint8_t* slot_data(int32_t slot) { return buffer_.get() + static_cast<size_t>(slot) * block_bytes_; }
   void FreeSlot(int32_t slot);
+  // Pins buffer_ when options ask and a device is present; sets pinned_ and
+  // pin_status_.
+  void MaybePin(const HostStoreOptions& options, uint64_t bytes);
 
   const uint64_t block_bytes_;
   const bool metadata_only_;
-  std::unique_ptr<uint8_t[]> buffer_;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, FreeDeleter> buffer_;  // page-aligned
+  bool pinned_ = false;
+  int (*cuda_unregister_)(void*) = nullptr;  // cudaHostUnregister when pinned_
+  std::string pin_status_ = "not pinned: no buffer";
   std::vector<BlockHash> slot_hash_;
   std::vector<Sha256Digest> slot_ns_;
   std::vector<bool> slot_used_;

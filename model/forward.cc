@@ -50,7 +50,7 @@ Result<std::unique_ptr<ForwardEngine>> ForwardEngine::Create(const ModelWeights&
   e->layout_.dtype = kv.dtype;
   e->num_blocks_ = kv.num_blocks;
   size_t bytes = e->layout_.block_bytes() * static_cast<size_t>(kv.num_blocks);
-  e->kv_.reset(new (std::nothrow) uint8_t[bytes]);
+  e->kv_.reset(new (std::align_val_t{4096}, std::nothrow) uint8_t[bytes]);
   if (!e->kv_) {
     return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes for " +
                                      std::to_string(kv.num_blocks) + " KV blocks");

@@ -111,18 +111,19 @@ std::string UtcNow() {
 }
 
 int RunLive(RunFlags f) {
-  auto url = strata::ParseHttpUrl(f.url);
+  auto url = bench::ParseServerUrl(f.url);
   if (!url) return RunFail("run", url.error());
   auto slo = f.slo.empty() ? Result<bench::Slo>(bench::Slo{}) : bench::ParseSlo(f.slo);
   if (!slo) return RunFail("run", slo.error());
   if (f.rate > 0 && f.concurrency > 0) return RunFail("run", Status::InvalidArgument("give --rate or --concurrency, not both"));
 
-  auto served = bench::QueryModel(url->host, url->port);
-  if (!served) return RunFail("run", served.error().WithContext("asking " + f.url + "/v1/models"));
+  auto served = bench::QueryModel(*url);
+  if (!served)
+    return RunFail("run", served.error().WithContext("asking " + f.url + (url->grpc ? " (gRPC Health/Tokenize)" : "/v1/models")));
   const std::string model = f.model.empty() ? served->id : f.model;
 
   f.w.vocab_size = f.vocab_size;
-  if (f.w.vocab_size <= 0) f.w.vocab_size = bench::ProbeVocabSize(url->host, url->port, model);
+  if (f.w.vocab_size <= 0) f.w.vocab_size = bench::ProbeVocabSize(*url, model);
   if (f.w.vocab_size <= 0) {
     f.w.vocab_size = 512;
     STRATA_LOG_WARN("the server did not say its vocabulary size; token ids stay below 512 (set --vocab-size)");
@@ -138,6 +139,7 @@ int RunLive(RunFlags f) {
   bench::LoadOptions lo;
   lo.host = url->host;
   lo.port = url->port;
+  lo.grpc = url->grpc;
   lo.model = model;
   lo.rate = f.rate;
   lo.concurrency = f.concurrency;
@@ -201,7 +203,9 @@ int RunCompare(const std::vector<std::string>& files, bool json) {
 void AddRun(CLI::App* bench, int* exit_code) {
   auto f = std::make_shared<RunFlags>();
   CLI::App* run = bench->add_subcommand("run", "live load against a server: latency, throughput, goodput, cache hits");
-  run->add_option("--url", f->url, "the server, e.g. http://127.0.0.1:8000")->required();
+  run->add_option("--url", f->url, "the server: http://HOST:PORT (OpenAI HTTP streaming), or grpc://HOST:PORT (strata's gRPC "
+                  "service, streaming Generate/Chat), e.g. http://127.0.0.1:8000, grpc://127.0.0.1:50051")
+      ->required();
   run->add_option("--workload", f->w.spec, "trace:FILE | chat | shared-prefix | random")->required();
   run->add_option("--out", f->out, "the JSON report; plots go next to it")->required();
   run->add_option("--model", f->model, "model name in requests (default: the first of GET /v1/models)");
@@ -264,6 +268,7 @@ void AddRun(CLI::App* bench, int* exit_code) {
 
 }  // namespace
 
+
 void RegisterBench(CLI::App& app, int* exit_code) {
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
@@ -299,6 +304,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
 
   AddRun(bench, exit_code);
   RegisterBenchSimulate(bench, exit_code);
+  RegisterBenchKvcache(bench, exit_code);
 }
 
 }  // namespace strata::cli

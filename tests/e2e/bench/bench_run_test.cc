@@ -1,7 +1,9 @@
 // `strata bench run` and `strata bench compare` against a real `strata serve`
 // on stories260K: a multi-turn chat run writes every request's record, later
 // turns report cached prompt tokens; a trace run counts the requests that do
-// not fit the model's context; comparing a run with itself gives ratios 1.00.
+// not fit the model's context; comparing a run with itself gives ratios 1.00;
+// the same runs over gRPC (--url grpc://...) record the same fields, and a
+// gRPC address nobody serves fails with a message naming it.
 
 #include <gtest/gtest.h>
 
@@ -178,6 +180,76 @@ TEST_F(BenchRunTest, BadFlagsExitTwo) {
   r = RunCommand(Bench("run --url " + server_->base_url() + " --workload random --slo ttft=fast --out /dev/null"));
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--slo"), std::string::npos) << r.err;
+}
+
+TEST_F(BenchRunTest, GrpcChatRunRecordsTtftAndCachedTokens) {
+  const std::string url = "grpc://127.0.0.1:" + std::to_string(server_->grpc_port());
+  const std::string out = Dir() + "/grpc_chat_run.json";
+  auto r = RunCommand(Bench("run --url " + url +
+                            " --workload chat --sessions 2 --turns 2 --think-time 0 --output-tokens 5 "
+                            "--slo ttft=30s,tpot=10s --no-plots --out " + ShellQuote(out)));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  json doc = ReadJson(out);
+  ASSERT_TRUE(doc.is_object()) << "not JSON: " << out;
+  EXPECT_EQ(doc["config"]["url"], url);
+  EXPECT_EQ(doc["config"]["model"], "stories260K");  // from Health
+  EXPECT_EQ(doc["config"]["max_model_len"], 512);   // from Tokenize
+  const json& records = doc["records"];
+  ASSERT_EQ(records.size(), 4u) << doc["summary"].dump();
+  int later_turns = 0;
+  for (const json& rec : records) {
+    EXPECT_EQ(rec["error"], "") << rec.dump();
+    EXPECT_EQ(rec["http_status"], 200) << rec.dump();
+    EXPECT_EQ(rec["completion_tokens"], 5) << rec.dump();
+    EXPECT_GT(rec["prompt_tokens"].get<int>(), 0) << rec.dump();
+    ASSERT_FALSE(rec["token_s"].empty()) << rec.dump();
+    EXPECT_LE(rec["token_s"].size(), 5u) << rec.dump();
+    EXPECT_GT(rec["first_token_s"].get<double>() - rec["start_s"].get<double>(), 0) << rec.dump();  // TTFT
+    EXPECT_GE(rec["end_s"].get<double>(), rec["first_token_s"].get<double>());
+    if (rec["turn"].get<int>() > 0) {
+      ++later_turns;
+      EXPECT_GT(rec["cached_tokens"].get<int>(), 0) << rec.dump();
+      EXPECT_EQ(rec["cached_tokens_by_tier"]["device"], rec["cached_tokens"]) << rec.dump();
+    }
+  }
+  EXPECT_EQ(later_turns, 2);
+  const json& s = doc["summary"];
+  EXPECT_EQ(s["requests_ok"], 4);
+  EXPECT_TRUE(s["errors"].empty()) << s["errors"].dump();
+  EXPECT_GT(s["hit_ratio_responses"]["ratio"].get<double>(), 0);
+  // CacheStats stands in for /metrics.
+  ASSERT_TRUE(s["metrics_available"].get<bool>());
+  EXPECT_GT(s["hit_ratio_metrics"]["ratio"].get<double>(), 0);
+}
+
+TEST_F(BenchRunTest, GrpcTokenWorkloadUsesGenerate) {
+  const std::string out = Dir() + "/grpc_random_run.json";
+  auto r = RunCommand(Bench("run --url grpc://127.0.0.1:" + std::to_string(server_->grpc_port()) +
+                            " --workload random --requests 3 --input-tokens 16 --range-ratio 0 --output-tokens 3 "
+                            "--concurrency 1 --no-plots --out " + ShellQuote(out)));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  json doc = ReadJson(out);
+  ASSERT_TRUE(doc.is_object());
+  const json& records = doc["records"];
+  ASSERT_EQ(records.size(), 3u);
+  for (const json& rec : records) {
+    EXPECT_EQ(rec["error"], "") << rec.dump();
+    EXPECT_EQ(rec["prompt_tokens"], 16) << rec.dump();  // the ids sent, as given
+    EXPECT_EQ(rec["completion_tokens"], 3) << rec.dump();
+    EXPECT_GT(rec["first_token_s"].get<double>(), rec["start_s"].get<double>()) << rec.dump();
+  }
+}
+
+TEST_F(BenchRunTest, GrpcBadAddressFailsClearly) {
+  // A port nobody listens on: exit 1, naming the address.
+  auto r = RunCommand(Bench("run --url grpc://127.0.0.1:1 --workload random --requests 1 --out /dev/null"));
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("cannot connect to the gRPC server"), std::string::npos) << r.err;
+  // A malformed URL: a usage error (exit 2) saying what is wrong.
+  r = RunCommand(Bench("run --url grpc://127.0.0.1 --workload random --out /dev/null"));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("port"), std::string::npos) << r.err;
 }
 
 }  // namespace
