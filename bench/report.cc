@@ -75,6 +75,7 @@ json RecordJson(const RequestRecord& r) {
             {"cached_tokens", r.cached_tokens},
             {"cached_tokens_by_tier", tiers},
             {"http_status", r.http_status},
+            {"grpc_status", r.grpc_status},
             {"error", r.error}};
   if (!r.error_message.empty()) j["error_message"] = r.error_message;
   return j;
@@ -100,6 +101,7 @@ RequestRecord RecordFromJson(const json& j) {
       r.cached_by_tier[i] = j["cached_tokens_by_tier"].value(kTierNames[i], int64_t{0});
   }
   r.http_status = j.value("http_status", 0);
+  r.grpc_status = j.value("grpc_status", std::string());
   r.error = j.value("error", std::string());
   r.error_message = j.value("error_message", std::string());
   return r;

@@ -44,6 +44,7 @@ bool BlockPool::Allocate(int32_t n, std::vector<BlockId>* out) {
       free_.pop_back();
     } else {
       i = lru_.PopFront();
+      if (evict_hook_) evict_hook_(BlockId(static_cast<uint32_t>(i)), hash_[static_cast<size_t>(i)]);
       DropHash(i);
       ++evictions_;
     }

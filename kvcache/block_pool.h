@@ -18,9 +18,15 @@
 // (KvManager::Free does), so a chain's tail always enters the LRU before its
 // head and is evicted first.
 //
+// Eviction hook: set_evict_hook(fn) has Allocate() call fn(id, hash) for
+// every cached block it evicts, just before the block is handed out (its
+// bytes still hold the evicted contents; the hook must not call back into the
+// pool). EvictAllCached (operator flush) does not call it: a flush discards.
+//
 // Thread-safety: none; one thread (the engine loop) owns the pool.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -44,8 +50,13 @@ struct BlockPoolStats {
 
 class BlockPool {
  public:
+  using EvictHook = std::function<void(BlockId, const BlockHash&)>;
+
   // REQUIRES: num_blocks >= 0.
   explicit BlockPool(int32_t num_blocks);
+
+  // See the top of this file; an empty function removes the hook.
+  void set_evict_hook(EvictHook hook) { evict_hook_ = std::move(hook); }
 
   int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
   // Blocks Allocate() can hand out now (free + cached).
@@ -99,6 +110,7 @@ class BlockPool {
   LruList lru_;                // cached blocks
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
   uint64_t evictions_ = 0;
+  EvictHook evict_hook_;
 };
 
 }  // namespace strata::kvcache

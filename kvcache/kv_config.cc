@@ -35,12 +35,18 @@ Status CheckAdmitAfter(std::string_view where, int64_t v) {
   return Status::Ok();
 }
 
+Status CheckPrefetch(std::string_view where, int64_t v) {
+  if (v < 0 || v > 4096) return Bad(where, "out of range [0, 4096]: " + std::to_string(v));
+  return Status::Ok();
+}
+
 }  // namespace
 
 const std::vector<std::string>& KvConfigKeys() {
   static const std::vector<std::string> keys = {
       "kv.block_size", "kv.dtype",      "kv.device_bytes",     "kv.host_bytes",
-      "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy"};
+      "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy",
+      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests"};
   return keys;
 }
 
@@ -61,6 +67,24 @@ std::string_view LoadPolicyName(LoadPolicy p) {
       return "never";
   }
   return "auto";
+}
+
+Result<WritePolicy> ParseWritePolicy(std::string_view text) {
+  if (text == "write-through") return WritePolicy::kWriteThrough;
+  if (text == "write-back") return WritePolicy::kWriteBack;
+  return Status::InvalidArgument("must be write-through or write-back, not '" + std::string(text) + "'");
+}
+
+std::string_view WritePolicyName(WritePolicy p) {
+  switch (p) {
+    case WritePolicy::kNone:
+      return "none";
+    case WritePolicy::kWriteThrough:
+      return "write-through";
+    case WritePolicy::kWriteBack:
+      return "write-back";
+  }
+  return "write-through";
 }
 
 Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConfig& base) {
@@ -115,6 +139,25 @@ Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConf
     if (!p) return Bad(o + "kv.load_policy", p.error().message());
     c.load_policy = *p;
   }
+  struct PolicyKey {
+    const char* key;
+    WritePolicy* dst;
+  };
+  for (const PolicyKey& k : {PolicyKey{"kv.host_write_policy", &c.host_write_policy},
+                             PolicyKey{"kv.disk_write_policy", &c.disk_write_policy}}) {
+    if (!cfg.Has(k.key)) continue;
+    auto v = cfg.GetString(k.key, "write-through");
+    if (!v) return named(v.error(), k.key);
+    auto p = ParseWritePolicy(*v);
+    if (!p) return Bad(o + k.key, p.error().message());
+    *k.dst = *p;
+  }
+  if (cfg.Has("kv.prefetch_max_requests")) {
+    auto v = cfg.GetInt("kv.prefetch_max_requests", c.prefetch_max_requests);
+    if (!v) return named(v.error(), "kv.prefetch_max_requests");
+    STRATA_RETURN_IF_ERROR(CheckPrefetch(o + "kv.prefetch_max_requests", *v));
+    c.prefetch_max_requests = static_cast<int>(*v);
+  }
   return c;
 }
 
@@ -160,6 +203,19 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
     c->tiers_configured = true;
     return Status::Ok();
   }
+  if (flag == "--kv-host-write-policy" || flag == "--kv-disk-write-policy") {
+    auto p = ParseWritePolicy(value);
+    if (!p) return Bad(flag, p.error().message());
+    (flag == "--kv-host-write-policy" ? c->host_write_policy : c->disk_write_policy) = *p;
+    c->tiers_configured = true;
+    return Status::Ok();
+  }
+  if (flag == "--kv-prefetch-max-requests") {
+    STRATA_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, value));
+    STRATA_RETURN_IF_ERROR(CheckPrefetch(flag, v));
+    c->prefetch_max_requests = static_cast<int>(v);
+    return Status::Ok();
+  }
   return Status::InvalidArgument("unknown kv flag " + std::string(flag));
 }
 
@@ -177,18 +233,23 @@ Status ValidateKvCacheConfig(const KvCacheConfig& c, uint64_t effective_device_b
         "the disk tier a "
         "directory");
   const uint64_t device = c.device_bytes > 0 ? c.device_bytes : effective_device_bytes;
-  if (warnings != nullptr) {
-    if (c.host_enabled() && device > 0 && c.host_bytes < device)
-      warnings->push_back("kv.host_bytes (--kv-host-bytes) " + std::to_string(c.host_bytes) +
-                          " is smaller than the device tier's " + std::to_string(device) +
-                          " bytes: the host tier will churn");
-    const uint64_t above = c.host_enabled() ? c.host_bytes : device;
-    const char* above_name = c.host_enabled() ? "host" : "device";
-    if (c.disk_enabled() && above > 0 && c.disk_bytes < above)
-      warnings->push_back("kv.disk_bytes (--kv-disk-bytes) " + std::to_string(c.disk_bytes) +
-                          " is smaller than the " + above_name + " tier's " +
-                          std::to_string(above) + " bytes: the disk tier will churn");
-  }
+  // A lower tier no larger than the one above holds (at best) the same
+  // blocks: it churns. Equal counts too.
+  std::vector<std::string> found;
+  auto compare = [](uint64_t lower, uint64_t above) { return lower < above ? "smaller than" : "the same size as"; };
+  if (c.host_enabled() && device > 0 && c.host_bytes <= device)
+    found.push_back("kv.host_bytes (--kv-host-bytes) " + std::to_string(c.host_bytes) + " is " +
+                    compare(c.host_bytes, device) + " the device tier's " + std::to_string(device) +
+                    " bytes: the host tier will churn");
+  const uint64_t above = c.host_enabled() ? c.host_bytes : device;
+  const char* above_name = c.host_enabled() ? "host" : "device";
+  if (c.disk_enabled() && above > 0 && c.disk_bytes <= above)
+    found.push_back("kv.disk_bytes (--kv-disk-bytes) " + std::to_string(c.disk_bytes) + " is " +
+                    compare(c.disk_bytes, above) + " the " + above_name + " tier's " + std::to_string(above) +
+                    " bytes: the disk tier will churn");
+  // The callers (strata serve, strata generate) log them.
+  if (warnings != nullptr)
+    for (auto& w : found) warnings->push_back(std::move(w));
   return Status::Ok();
 }
 

@@ -26,6 +26,14 @@ struct KvCacheConfig {
   uint64_t disk_bytes = 0;    // kv.disk_bytes       --kv-disk-bytes (0 = no disk tier)
   uint32_t disk_admit_after = 0;               // kv.disk_admit_after --kv-disk-admit-after
   LoadPolicy load_policy = LoadPolicy::kAuto;  // kv.load_policy --kv-load-policy
+  // kv.host_write_policy --kv-host-write-policy, kv.disk_write_policy
+  // --kv-disk-write-policy: write-through | write-back (kvcache/kv_manager.h).
+  WritePolicy host_write_policy = WritePolicy::kWriteThrough;
+  WritePolicy disk_write_policy = WritePolicy::kWriteThrough;
+  // kv.prefetch_max_requests --kv-prefetch-max-requests: waiting requests
+  // that may load their lower-tier prefix before admission (0 = off); the
+  // engine's EngineOptions::prefetch_max_requests.
+  int prefetch_max_requests = 4;
   // The caller runs through KvManager (not a plain block table) when true:
   // set by any tier flag given (sizes, disk path, admission, load policy,
   // even "0"), and by a YAML tier size > 0 or a non-empty kv.disk_path (the
@@ -48,10 +56,14 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
 
 Result<LoadPolicy> ParseLoadPolicy(std::string_view text);
 std::string_view LoadPolicyName(LoadPolicy p);
+// "write-through" | "write-back" (kNone is not configurable).
+Result<WritePolicy> ParseWritePolicy(std::string_view text);
+std::string_view WritePolicyName(WritePolicy p);
 
 // Checks ranges and combinations (a disk path without a size and the
-// reverse; block size 1..4096; dtype). Appends warnings (a lower tier smaller
-// than the one above it, which makes it churn) to `warnings`.
+// reverse; block size 1..4096; dtype). Appends warnings (a lower tier not
+// larger than the one above it, which makes it churn: an equal size holds
+// nothing the tier above does not) to `warnings`; the caller logs them.
 // `effective_device_bytes`: the device pool's size when device_bytes is 0.
 Status ValidateKvCacheConfig(const KvCacheConfig& config, uint64_t effective_device_bytes,
                              std::vector<std::string>* warnings);

@@ -1,11 +1,21 @@
 #include "kvcache/kv_manager.h"
 
 #include <algorithm>
+#include <cstring>
+#include <new>
 #include <string>
 
 #include "common/logging.h"
 
 namespace strata::kvcache {
+
+namespace {
+constexpr size_t kStagingAlign = 4096;  // O_DIRECT
+}  // namespace
+
+void KvManager::AlignedFree::operator()(uint8_t* p) const {
+  ::operator delete[](p, std::align_val_t(kStagingAlign));
+}
 
 Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options,
                                                      BlockMemoryFn device_memory,
@@ -42,6 +52,12 @@ KvManager::KvManager(const KvManagerOptions& options, BlockMemoryFn device_memor
     LowerTierStats ts;
     ts.name = std::string(t.store->name());
     stats_.tiers.push_back(std::move(ts));
+    if (t.write_policy == WritePolicy::kWriteBack) any_writeback_ = true;
+  }
+  if (any_writeback_) {
+    const uint64_t bb = std::max<uint64_t>(options_.block_bytes, 1);
+    max_staging_ = std::max<uint64_t>(1, options_.writeback_staging_bytes / bb);
+    pool_.set_evict_hook([this](BlockId b, const BlockHash& h) { evicted_.emplace_back(b, h); });
   }
 }
 
@@ -125,6 +141,7 @@ Status KvManager::AddRequest(RequestId id, std::span<const int32_t> prompt,
   r.prompt.assign(prompt.begin(), prompt.end());
   r.salt.assign(cache_salt);
   r.chain = HashPrefix(options_.ns, prompt, options_.block_size, cache_salt);
+  r.epoch = next_epoch_++;
   requests_.emplace(id, std::move(r));
   return Status::Ok();
 }
@@ -141,6 +158,7 @@ Result<AllocOutcome> KvManager::Allocate(RequestId id, int32_t num_tokens) {
   if (need <= r.table.size()) return AllocOutcome::kAllocated;
   std::vector<BlockId> got;
   if (!pool_.Allocate(static_cast<int32_t>(need - r.table.size()), &got)) return AllocOutcome::kNotNow;
+  WriteBackEvicted();
   for (BlockId b : got) r.table.push_back(static_cast<int32_t>(b.value()));
   return AllocOutcome::kAllocated;
 }
@@ -168,6 +186,7 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
     for (auto b = hits.rbegin(); b != hits.rend(); ++b) pool_.Release(*b);
     return Status::Internal("kv manager: pool allocation failed after the capacity check");
   }
+  WriteBackEvicted();  // before the loads below overwrite evicted blocks
   r.table.clear();
   for (BlockId b : hits) r.table.push_back(static_cast<int32_t>(b.value()));
   for (BlockId b : fresh) r.table.push_back(static_cast<int32_t>(b.value()));
@@ -195,8 +214,9 @@ void KvManager::SubmitLoad(RequestId id, Request& r, int32_t index, int tier) {
   // The op holds its own reference: the block is not reused while the store
   // may still write into it, even if the request is freed meanwhile.
   pool_.Ref(block);
-  ops_.emplace(tag, Op{OpKind::kLoad, tier, id, index, block, r.chain[static_cast<size_t>(index)],
-                       clock_->NowNanos()});
+  Op op{OpKind::kLoad, tier, id, index, block, r.chain[static_cast<size_t>(index)], clock_->NowNanos()};
+  op.request_epoch = r.epoch;
+  ops_.emplace(tag, op);
   ++r.loads_pending;
   BlockStore* store = lowers_[static_cast<size_t>(tier)].store;
   Status s = store->SubmitRead(r.chain[static_cast<size_t>(index)], BlockSpan(block), tag);
@@ -255,6 +275,85 @@ void KvManager::OnHit(BlockId block, const BlockHash& h, int source) {
     // Below it (or a device hit): admit once the block was hit often enough.
     const bool promote = source >= 0 && static_cast<int>(t) < source;
     if (promote || (tier.admit_after > 0 && hits >= tier.admit_after)) SubmitWrite(static_cast<int>(t), block, h);
+  }
+}
+
+int32_t KvManager::AcquireStaging() {
+  if (free_staging_.empty() && staging_.size() < max_staging_) {
+    auto* p = static_cast<uint8_t*>(
+        ::operator new[](static_cast<size_t>(options_.block_bytes), std::align_val_t(kStagingAlign)));
+    staging_.emplace_back(p);
+    staging_refs_.push_back(0);
+    free_staging_.push_back(static_cast<int32_t>(staging_.size() - 1));
+  }
+  if (free_staging_.empty()) PollStores();  // finished write-backs free theirs; never blocks
+  if (free_staging_.empty()) return -1;
+  const int32_t i = free_staging_.back();
+  free_staging_.pop_back();
+  return i;
+}
+
+void KvManager::ReleaseStaging(int32_t staging) {
+  if (staging < 0) return;
+  if (--staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
+}
+
+void KvManager::WriteBackEvicted() {
+  if (evicted_.empty()) return;
+  // Moved out first: PollStores below may complete loads whose promotions
+  // allocate nothing, but keep this loop independent of evicted_ anyway.
+  std::vector<std::pair<BlockId, BlockHash>> evicted;
+  evicted.swap(evicted_);
+  for (const auto& [block, h] : evicted) {
+    int32_t staging = -1;
+    bool copied = false;
+    for (size_t t = 0; t < lowers_.size(); ++t) {
+      const LowerTier& tier = lowers_[t];
+      if (tier.write_policy != WritePolicy::kWriteBack) continue;
+      BlockStore* store = tier.store;
+      if (writes_in_flight_[t].contains(h) || store->Contains(h)) continue;
+      if (tier.admit_after > 0) {
+        auto hc = hit_counts_.find(h);
+        if (hc == hit_counts_.end() || hc->second < tier.admit_after) {
+          ++stats_.tiers[t].admissions_deferred;
+          continue;
+        }
+      }
+      std::span<const uint8_t> data;
+      if (memory_) {
+        if (!copied) {
+          staging = AcquireStaging();
+          if (staging < 0) {
+            ++stats_.tiers[t].writebacks_dropped;
+            continue;
+          }
+          std::memcpy(staging_[static_cast<size_t>(staging)].get(), memory_(block),
+                      static_cast<size_t>(options_.block_bytes));
+          copied = true;
+        }
+        data = {staging_[static_cast<size_t>(staging)].get(), static_cast<size_t>(options_.block_bytes)};
+      }
+      const uint64_t tag = next_tag_++;
+      Op op{OpKind::kWrite, static_cast<int>(t), RequestId(), 0, block, h, clock_->NowNanos()};
+      op.holds_block = false;
+      op.staging = staging;
+      ops_.emplace(tag, op);
+      if (staging >= 0) ++staging_refs_[static_cast<size_t>(staging)];
+      writes_in_flight_[t].insert(h);
+      ++stats_.tiers[t].writes;
+      ++stats_.tiers[t].writebacks;
+      Status s = store->SubmitWrite(h, options_.ns, data, tag);
+      if (!s.ok()) {
+        ops_.erase(tag);
+        writes_in_flight_[t].erase(h);
+        if (staging >= 0) --staging_refs_[static_cast<size_t>(staging)];
+        ++stats_.writes_failed;
+        ++stats_.tiers[t].writes_failed;
+        STRATA_LOG_WARN("kv manager: write-back to {} not submitted: {}", store->name(), s.ToString());
+      }
+    }
+    // A buffer taken but not used by any write (all submissions failed).
+    if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
   }
 }
 
@@ -325,7 +424,8 @@ void KvManager::Complete(const StoreCompletion& c) {
       ++ts.writes_failed;
       STRATA_LOG_DEBUG("kv manager: write to {} failed: {}", name, c.status.ToString());
     }
-    pool_.Release(op.block);
+    if (op.holds_block) pool_.Release(op.block);
+    ReleaseStaging(op.staging);
     return;
   }
   const int64_t nanos = clock_->NowNanos() - op.start_nanos;
@@ -340,7 +440,9 @@ void KvManager::Complete(const StoreCompletion& c) {
     ++ts.loads_failed;
     STRATA_LOG_WARN("kv manager: load from {} failed, recomputing: {}", name, c.status.ToString());
   }
-  if (rit != requests_.end()) {
+  // A load of an earlier incarnation of this id (freed and re-added while
+  // the load was in flight) only releases its block.
+  if (rit != requests_.end() && rit->second.epoch == op.request_epoch) {
     Request& r = rit->second;
     if (!c.status.ok()) r.load_ok_until = std::min(r.load_ok_until, op.block_index);
     if (--r.loads_pending == 0) {
@@ -353,7 +455,9 @@ void KvManager::Complete(const StoreCompletion& c) {
   pool_.Release(op.block);
 }
 
-size_t KvManager::Poll() {
+size_t KvManager::Poll() { return PollStores(); }
+
+size_t KvManager::PollStores() {
   size_t n = 0;
   for (const auto& t : lowers_) {
     completions_.clear();

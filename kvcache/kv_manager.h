@@ -6,6 +6,35 @@
 // tier, only after a block was hit N times) and serve prefix hits by
 // asynchronous loads into device blocks.
 //
+// Write policies, per lower tier (LowerTier::write_policy):
+//   kWriteThrough  a newly full block is copied down when committed (or once
+//                  hit admit_after times), and promoted into it when loaded
+//                  from a tier below.
+//   kWriteBack     nothing is written at commit; a hashed block is copied
+//                  down when the device pool evicts it (it leaves the device
+//                  prefix cache to be reused), unless the tier already holds
+//                  it or a write of it is in flight (and, with admit_after N,
+//                  only once it was hit N times). Every write-back tier gets
+//                  the device's evictions; a block the host store evicts is
+//                  NOT passed on to a write-back disk tier (the stores have no
+//                  eviction hook yet): put disk below a write-back host as
+//                  write-through, or accept that host evictions are lost.
+//                  Operator flush (Flush) discards without writing back.
+//   Staging: the evicted device block is handed out again at once (the
+//   caller writes new KV into it), while BlockStore::SubmitWrite may read
+//   `data` until its completion is polled (the disk store reads it with
+//   O_DIRECT from io_uring). So the manager copies the block, inside the
+//   Allocate that evicted it and before any load can overwrite it, into a
+//   staging buffer it owns (4096-aligned for O_DIRECT, allocated on first
+//   use, reused, at most max(1, writeback_staging_bytes / block_bytes)); one
+//   copy serves every write-back tier, and the buffer returns to the free
+//   list when its last write completes. Deferring the reuse instead was
+//   rejected: it would make Allocate answer "not now" while blocks are
+//   merely waiting for I/O, coupling admission to disk latency. When every
+//   buffer is busy the manager polls the stores once (never blocks); if none
+//   came free the write-back is dropped and counted (writebacks_dropped):
+//   the block is simply not cached below, as after a failed write.
+//
 // Lookup: device first; from the first block the device lacks, each lower
 // tier in order is asked how many leading blocks of the rest it holds
 // (CountPrefix); the walk continues from the first tier holding the next
@@ -32,7 +61,8 @@
 //   Commit(id, tokens)            after a forward step: names the blocks that
 //                                 `tokens` (all tokens with KV so far) fill,
 //                                 so later requests hit them; queues
-//                                 write-through to the lower tier.
+//                                 write-through to the lower tiers
+//                                 (write-back tiers get blocks on eviction).
 //   Free(id)                      releases blocks, tail first (so a chain's
 //                                 tail is evicted before its head).
 //
@@ -51,6 +81,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -65,6 +96,7 @@ namespace strata::kvcache {
 enum class WritePolicy {
   kNone,          // nothing goes down to the lower tier
   kWriteThrough,  // every newly full block is copied down when committed
+  kWriteBack,     // a block is copied down when the device pool evicts it
 };
 
 enum class LoadPolicy {
@@ -83,6 +115,9 @@ struct KvManagerOptions {
   // Estimates for kAuto (measured at start by the engine); 0 = unknown.
   double lower_read_bytes_per_s = 0;
   double recompute_tokens_per_s = 0;
+  // Staging memory for write-back tiers (see the top): at most
+  // max(1, this / block_bytes) block buffers, allocated on demand.
+  uint64_t writeback_staging_bytes = 64ull << 20;
 };
 
 // Device block memory: the start of block `id` (block_bytes long), e.g.
@@ -125,7 +160,9 @@ struct LowerTierStats {
   TierHits hits;                 // prefix blocks loaded from this tier (completed OK)
   uint64_t bytes_down = 0;       // device → this tier (writes completed OK)
   uint64_t bytes_up = 0;         // this tier → device (loads completed OK)
-  uint64_t writes = 0;           // writes submitted
+  uint64_t writes = 0;           // writes submitted (write-backs included)
+  uint64_t writebacks = 0;       // write-backs submitted (evicted device blocks; kWriteBack)
+  uint64_t writebacks_dropped = 0;  // evicted blocks not written back: no staging buffer free
   uint64_t admissions_deferred = 0;  // full blocks not written yet (admit_after)
   uint64_t writes_failed = 0;
   uint64_t loads_failed = 0;
@@ -249,6 +286,12 @@ class KvManager {
     int32_t loads_pending = 0;
     int32_t load_ok_until = 0;     // loads of blocks >= this failed
     int32_t committed_blocks = 0;  // blocks [0, this) are named or settled
+    // Which incarnation of the id this is: the engine frees a request and adds
+    // it again under the same id (preemption, prefetch release) while loads
+    // of the old one may still be in flight; their completions must not count
+    // against the new one (they drove loads_pending negative, or to 0 before
+    // the new loads had landed, so stale KV was computed on).
+    uint64_t epoch = 0;
   };
   enum class OpKind { kLoad, kWrite };
   struct Op {
@@ -259,6 +302,12 @@ class KvManager {
     BlockId block;
     BlockHash hash;
     int64_t start_nanos = 0;
+    bool holds_block = true;  // holds a pool reference on `block` (not write-backs)
+    int32_t staging = -1;     // staging buffer a write-back reads (-1: none)
+    uint64_t request_epoch = 0;  // loads: Request::epoch at submit
+  };
+  struct AlignedFree {
+    void operator()(uint8_t* p) const;
   };
 
   KvManager(const KvManagerOptions& options, BlockMemoryFn device_memory, std::vector<LowerTier> lowers,
@@ -279,6 +328,14 @@ class KvManager {
   // and copies it to write-through tiers above `source` that lack it.
   void OnHit(BlockId block, const BlockHash& h, int source);
   void FinishLoads(Request& r);
+  // The pool evicted blocks (recorded by its hook): write them back. Called
+  // right after every pool_.Allocate, before anything writes the blocks.
+  void WriteBackEvicted();
+  // A free staging buffer (allocating one under the bound, else polling the
+  // stores once); -1 when none.
+  int32_t AcquireStaging();
+  void ReleaseStaging(int32_t staging);
+  size_t PollStores();
   void Complete(const StoreCompletion& c);
   std::span<uint8_t> BlockSpan(BlockId id) const;
 
@@ -294,8 +351,15 @@ class KvManager {
   std::unordered_map<BlockHash, uint32_t, BlockHashHasher> hit_counts_;
   static constexpr size_t kMaxHitCounts = 1 << 20;
   uint64_t next_tag_ = 1;
+  uint64_t next_epoch_ = 1;
   KvManagerStats stats_;
   std::vector<StoreCompletion> completions_;  // reused by Poll
+  bool any_writeback_ = false;
+  std::vector<std::pair<BlockId, BlockHash>> evicted_;  // by the pool's hook, until WriteBackEvicted
+  size_t max_staging_ = 0;
+  std::vector<std::unique_ptr<uint8_t[], AlignedFree>> staging_;
+  std::vector<int32_t> staging_refs_;  // writes in flight per buffer
+  std::vector<int32_t> free_staging_;
 };
 
 }  // namespace strata::kvcache

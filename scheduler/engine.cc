@@ -32,7 +32,9 @@ struct Engine::Sequence {
   int32_t prompt_len = 0;
   int32_t num_computed = 0;      // leading positions with KV
   int32_t generated = 0;
-  bool in_kv = false;            // tracked by the KV manager (admitted)
+  bool in_kv = false;            // tracked by the KV manager (admitted, or prefetching)
+  bool prefetched = false;       // waiting, with its cached prefix taken (in_kv)
+  int32_t prefetch_blocks = 0;   // blocks charged to the prefetch bound
   bool loading = false;          // waiting for tier loads
   bool ever_admitted = false;
   bool want_logprobs = false;
@@ -64,6 +66,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Ste
   if (options.max_batch_tokens < 1) return Status::InvalidArgument("engine: max_batch_tokens must be >= 1");
   if (options.max_running < 1) return Status::InvalidArgument("engine: max_running must be >= 1");
   if (options.max_waiting < 0) return Status::InvalidArgument("engine: max_waiting must be >= 0");
+  if (options.prefetch_max_requests < 0)
+    return Status::InvalidArgument("engine: prefetch_max_requests must be >= 0");
+  if (!(options.prefetch_max_block_share > 0 && options.prefetch_max_block_share <= 1))
+    return Status::InvalidArgument("engine: prefetch_max_block_share must be in (0, 1]");
   return std::unique_ptr<Engine>(new Engine(options, runner, kv, tokenizer, clock));
 }
 
@@ -220,6 +226,8 @@ void Engine::Emit(Sequence& s, bool finished, const std::string& reason, const S
 void Engine::Finish(Sequence& s, const std::string& reason, Status status) {
   if (s.in_kv) kv_->Free(s.id);
   s.in_kv = false;
+  if (s.prefetched) --num_prefetching_;
+  s.prefetched = false;
   s.loading = false;
   RemoveWaiting(&s);
   running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
@@ -261,6 +269,7 @@ bool Engine::EnsureBlocks(Sequence& s, int32_t positions, std::vector<Planned>* 
       return false;
     }
     if (*r == kvcache::AllocOutcome::kAllocated) return true;
+    if (DropPrefetch(nullptr)) continue;  // waiting requests give way to running ones
     // Lowest priority (largest value), latest arrival goes first.
     Sequence* victim = nullptr;
     for (Sequence* c : running_)
@@ -287,24 +296,37 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
   bool any = false;
   while (!waiting_.empty() && *budget > 0 && static_cast<int>(running_.size()) < options_.max_running) {
     Sequence* s = waiting_.front();
-    if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt); !a.ok()) {
-      Finish(*s, "error", a);
-      any = true;
-      continue;
-    }
-    const kvcache::PrefixMatch m = kv_->Match(s->tokens, s->req.cache_salt);
     const int32_t len = static_cast<int32_t>(s->tokens.size());
-    const int32_t start = std::min(m.total(), len - 1);
+    int32_t start = 0;
+    if (s->prefetched) {
+      // Its prefix is already taken (maybe still loading): grow that table.
+      start = std::min(kv_->CachedTokens(s->id), len - 1);
+    } else {
+      if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt); !a.ok()) {
+        Finish(*s, "error", a);
+        any = true;
+        continue;
+      }
+      start = std::min(kv_->Match(s->tokens, s->req.cache_salt).total(), len - 1);
+    }
     const int32_t chunk = std::min(len - start, *budget);
     auto r = kv_->Allocate(s->id, start + chunk);
+    // Prefetches of requests queued behind this one give way first.
+    while (r && *r == kvcache::AllocOutcome::kNotNow && DropPrefetch(s)) r = kv_->Allocate(s->id, start + chunk);
     if (!r || *r == kvcache::AllocOutcome::kNotNow) {
-      kv_->Free(s->id);
       if (!r) {
         Finish(*s, "error", r.error());
         any = true;
         continue;
       }
+      if (!s->prefetched) kv_->Free(s->id);  // a prefetch keeps its blocks while it waits
+      head_needs_blocks_ = true;
       break;  // head of line waits for blocks
+    }
+    if (s->prefetched) {
+      s->prefetched = false;
+      --num_prefetching_;
+      ++prefetches_used_;
     }
     s->in_kv = true;
     RemoveWaiting(s);
@@ -325,6 +347,69 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
     if (!EnsureBlocks(*s, s->num_computed + n, plan)) continue;
     plan->push_back({s, n});
     *budget -= n;
+  }
+  return any;
+}
+
+bool Engine::DropPrefetch(const Sequence* keep) {
+  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
+    Sequence* s = *it;
+    if (!s->prefetched || s == keep) continue;
+    STRATA_LOG_DEBUG("engine: releasing the prefetch of waiting request {}", s->id.value());
+    kv_->Free(s->id);
+    s->in_kv = false;
+    s->prefetched = false;
+    s->prefetch_blocks = 0;
+    --num_prefetching_;
+    ++prefetches_released_;
+    released_this_step_ = true;
+    // Loads that already finished hold their blocks until polled.
+    kv_->Poll();
+    return true;
+  }
+  return false;
+}
+
+bool Engine::Prefetch() {
+  const int max = options_.prefetch_max_requests;
+  // Not in a step that had to take prefetched blocks back (no ping-pong).
+  if (max <= 0 || kv_->num_lower_tiers() == 0 || num_prefetching_ >= max || released_this_step_) return false;
+  const int32_t bs = kv_->options().block_size;
+  int64_t held = 0;
+  for (const Sequence* s : waiting_)
+    if (s->prefetched) held += s->prefetch_blocks;
+  bool any = false;
+  int examined = 0;
+  for (Sequence* s : waiting_) {
+    if (num_prefetching_ >= max || examined >= 4 * max) break;
+    // Blocks the head of the queue waits for are not handed to those behind it.
+    if (head_needs_blocks_ && s != waiting_.front()) break;
+    if (s->in_kv) continue;
+    ++examined;
+    const kvcache::PrefixMatch m = kv_->Match(s->tokens, s->req.cache_salt);
+    if (m.lower_tokens <= 0) continue;
+    // Upper bound on the blocks it takes from the allocatable ones.
+    const int32_t cost = m.total() / bs;
+    const int32_t allocatable = kv_->device_pool().num_allocatable();
+    const int64_t room = allocatable + held;
+    if (static_cast<double>(held + cost) > options_.prefetch_max_block_share * static_cast<double>(room)) continue;
+    // Leave one block per running sequence for its next step.
+    if (allocatable - cost < static_cast<int32_t>(running_.size())) continue;
+    if (!kv_->AddRequest(s->id, s->tokens, s->req.cache_salt).ok()) continue;
+    auto r = kv_->Allocate(s->id, 0);  // just the cached prefix; loads queued
+    if (!r || *r != kvcache::AllocOutcome::kAllocated) {
+      kv_->Free(s->id);
+      continue;
+    }
+    s->in_kv = true;
+    s->prefetched = true;
+    s->prefetch_blocks = cost;
+    held += cost;
+    ++num_prefetching_;
+    ++prefetches_started_;
+    prefetched_blocks_ += static_cast<uint64_t>(m.lower_tokens / bs);
+    any = true;
+    STRATA_LOG_DEBUG("engine: request {} prefetches {} cached tokens while waiting", s->id.value(), m.total());
   }
   return any;
 }
@@ -354,6 +439,8 @@ void Engine::AfterToken(Sequence& s, const float* logits) {
 
 Result<bool> Engine::Step() {
   const size_t unfinished_before = seqs_.size();
+  released_this_step_ = false;
+  head_needs_blocks_ = false;
   TakeInbox();
   bool did = seqs_.size() != unfinished_before;
   kv_->Poll();
@@ -388,6 +475,8 @@ Result<bool> Engine::Step() {
   }
   // 3. New requests.
   if (Admit(&budget, &plan)) did = true;
+  // 3b. Waiting requests left over start loading their cached prefix.
+  if (Prefetch()) did = true;
 
   if (plan.empty()) {
     RefreshStats();
@@ -432,6 +521,11 @@ void Engine::RefreshStats() {
   st.prompt_tokens = prompt_tokens_;
   st.generation_tokens = generation_tokens_;
   st.finished_by_reason = finished_by_reason_;
+  st.prefetches_started = prefetches_started_;
+  st.prefetched_blocks = prefetched_blocks_;
+  st.prefetches_used = prefetches_used_;
+  st.prefetches_released = prefetches_released_;
+  st.num_prefetching = num_prefetching_;
   st.kv = kv_->stats();
   st.device_blocks_in_use = st.kv.device_pool.in_use;
   const uint64_t block_bytes = kv_->options().block_bytes;

@@ -13,6 +13,10 @@
 //      order (priority ascending, then arrival) while blocks and the running
 //      limit allow (chunked prefill: a long prompt takes several steps and
 //      never blocks decode);
+//   3b. prefetch: waiting requests that were not admitted and whose prompt
+//      prefix is in a lower tier (KvManager::Match lower_tokens > 0) start
+//      loading it into device blocks now, so the load overlaps with other
+//      requests' compute (see "Prefetch" below);
 //   4. runs one batched forward pass, samples, detects stops, commits full
 //      blocks to the KV manager and sends each request's new text to its sink.
 //
@@ -21,6 +25,24 @@
 // running request: its blocks are freed (full ones stay in the prefix cache
 // and in the lower tiers, so resuming mostly hits) and it goes back to the
 // front of the waiting queue with its generated tokens, to be recomputed.
+//
+// Prefetch (EngineOptions::prefetch_max_requests > 0 and lower tiers exist):
+// a prefetching request is tracked by the KV manager while still waiting
+// (AddRequest + Allocate(id, 0), which takes just its cached prefix and
+// queues the loads). Bounds: at most prefetch_max_requests waiting requests
+// hold prefetched blocks; only the first 4 x that many waiting requests not
+// yet prefetching are examined per step; and a prefetch starts only while
+// the blocks all prefetches hold (counted as the prefix's whole block count,
+// an upper bound) stay within prefetch_max_block_share of the blocks that
+// are allocatable or already prefetch-held, and while one allocatable block
+// per running sequence is left over for its next step; none starts in a
+// step that had to release a prefetch, and when the head of the queue is
+// waiting for blocks only the head itself may prefetch. Prefetched blocks never starve
+// running requests: when a running request (or the head of the waiting
+// queue) cannot get blocks, the latest-queued prefetch is released before
+// anyone is preempted. A prefetched request keeps its blocks on admission
+// (no second lookup or allocation); cancellation, deadline and shutdown free
+// them like any request's.
 //
 // Time comes from the injected Clock (queue times, deadlines, timings), so
 // the simulator can drive the same code in virtual time through Step().
@@ -85,6 +107,8 @@ struct EngineOptions {
   int max_batch_tokens = 512;  // tokens per forward step (decode + prompt chunks); >= 1
   int max_running = 64;        // sequences in flight at once (running or loading); >= 1
   int max_waiting = 1024;      // queued, not yet running; Submit beyond it is ResourceExhausted
+  int prefetch_max_requests = 4;          // waiting requests loading their prefix early; 0 = off
+  double prefetch_max_block_share = 0.5;  // of allocatable + prefetch-held device blocks; (0, 1]
 };
 
 struct EngineRequest {
@@ -158,6 +182,12 @@ struct EngineStats {
   std::map<std::string, uint64_t> finished_by_reason;  // stop, length, abort, error
   int32_t device_blocks_in_use = 0;  // referenced by a request
   std::vector<TierUsage> tiers;      // device first, then the lower tiers in chain order
+  // Prefetch ahead of admission (see Engine).
+  uint64_t prefetches_started = 0;   // waiting requests that began loading their prefix
+  uint64_t prefetched_blocks = 0;    // lower-tier blocks those prefetches queued for loading
+  uint64_t prefetches_used = 0;      // admitted with their prefetched blocks
+  uint64_t prefetches_released = 0;  // blocks given back before admission (pool pressure)
+  int num_prefetching = 0;           // waiting requests holding prefetched blocks now
   kvcache::KvManagerStats kv;
 };
 
@@ -232,6 +262,11 @@ class Engine {
   // limit allow. True when any was admitted.
   bool Admit(int* budget, std::vector<Planned>* plan);
   void OnReady(Sequence& s);
+  // Starts prefetches for waiting requests (see the top). True when any began.
+  bool Prefetch();
+  // Releases the prefetch of the latest waiting request holding one, other
+  // than `keep`. False when there is none.
+  bool DropPrefetch(const Sequence* keep);
   // Sampling and stop detection after a step that reached the sequence's end.
   void AfterToken(Sequence& s, const float* logits);
   void RefreshStats();
@@ -271,6 +306,10 @@ class Engine {
   std::deque<Sequence*> waiting_;   // kept sorted by (priority, arrival order)
   std::vector<Sequence*> running_;  // admission order
   uint64_t steps_ = 0, preemptions_ = 0, prompt_tokens_ = 0, generation_tokens_ = 0;
+  uint64_t prefetches_started_ = 0, prefetched_blocks_ = 0, prefetches_used_ = 0, prefetches_released_ = 0;
+  int num_prefetching_ = 0;
+  bool released_this_step_ = false;
+  bool head_needs_blocks_ = false;  // this step's queue head got "not now" for blocks
   std::map<std::string, uint64_t> finished_by_reason_;
   std::vector<ForwardSeq> batch_;
   std::vector<float> logits_;

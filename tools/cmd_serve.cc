@@ -229,6 +229,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   eo.max_running = f.max_num_seqs;
   eo.max_waiting = f.max_waiting;
   eo.max_batch_tokens = f.max_batch_tokens;
+  eo.prefetch_max_requests = f.engine.kv.prefetch_max_requests;
   auto engine = scheduler::Engine::Create(eo, &runner, (*stack)->manager.get(), m.tokenizer.get(), kvcache::RealClock());
   if (!engine) return Fail(engine.error());
   (*engine)->Start();

@@ -25,6 +25,14 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "hits a block needs before it is written to disk (0 = write every full block)");
   cmd->add_option("--kv-load-policy", f->kv_load_policy,
                   "auto: load cached blocks when cheaper than recomputing; always; never");
+  // Stored by CLI11 itself (read back in ResolveEngineFlags), so EngineFlags
+  // needs no field for them.
+  cmd->add_option("--kv-host-write-policy", CLI::callback_t{},
+                  "write-through: copy full blocks to host when committed; write-back: when evicted from device");
+  cmd->add_option("--kv-disk-write-policy", CLI::callback_t{},
+                  "write-through: copy full blocks to disk when committed; write-back: when evicted from device");
+  cmd->add_option("--kv-prefetch-max-requests", CLI::callback_t{},
+                  "waiting requests that may load cached prefixes before admission (0 = off; default 4)");
   cmd->add_option("--threads", f->threads, "compute threads (0 = all hardware threads)")->check(CLI::Range(0, 1024));
   cmd->add_option("--chat-template", f->chat_template,
                   "chat format: llama2, llama3, llama31, chatml, mistral, plain, ... (default: detect from the model)");
@@ -80,6 +88,11 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
   for (const auto& [flag, value] : text_flags) {
     if (unset(flag)) continue;
     const std::string text = value != nullptr ? *value : std::to_string(f->kv_block_size);
+    if (Status s = kvcache::ApplyKvFlag(flag, text, &f->kv); !s.ok()) return fail(s);
+  }
+  for (const char* flag : {"--kv-host-write-policy", "--kv-disk-write-policy", "--kv-prefetch-max-requests"}) {
+    if (unset(flag)) continue;
+    const std::string text = cmd->get_option(flag)->as<std::string>();
     if (Status s = kvcache::ApplyKvFlag(flag, text, &f->kv); !s.ok()) return fail(s);
   }
   f->kv_block_size = f->kv.block_size;

@@ -33,7 +33,7 @@ Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, c
     if (stack->host->num_slots() == 0)
       return Status::InvalidArgument("--kv-host-bytes (kv.host_bytes) " + std::to_string(kv.host_bytes) +
                                      " is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
-    lowers.push_back({stack->host.get(), kvcache::WritePolicy::kWriteThrough, 0, 0});
+    lowers.push_back({stack->host.get(), kv.host_write_policy, 0, 0});
   }
   if (kv.disk_enabled()) {
     if (block_bytes < 4096)
@@ -48,7 +48,7 @@ Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, c
     auto disk = kvcache::DiskStore::Open(d);
     if (!disk) return disk.error().WithContext("--kv-disk-path " + kv.disk_path);
     stack->disk = std::move(*disk);
-    lowers.push_back({stack->disk.get(), kvcache::WritePolicy::kWriteThrough, kv.disk_admit_after, 0});
+    lowers.push_back({stack->disk.get(), kv.disk_write_policy, kv.disk_admit_after, 0});
   }
   kvcache::KvManagerOptions o;
   o.block_size = kv.block_size;

@@ -1,0 +1,101 @@
+// The write-policy and prefetch keys of KvCacheConfig (kv.host_write_policy,
+// kv.disk_write_policy, kv.prefetch_max_requests and their --kv-* flags),
+// with precise errors, and the churn warning for a lower tier that is not
+// larger than the tier above it (equal sizes included).
+
+#include <gtest/gtest.h>
+
+#include "kvcache/kv_config.h"
+
+namespace strata::kvcache {
+namespace {
+
+TEST(KvConfigPolicyTest, YamlKeysSetWritePoliciesAndPrefetch) {
+  auto cfg = Config::Parse(R"(
+kv:
+  host_write_policy: write-back
+  disk_write_policy: write-through
+  prefetch_max_requests: 0
+)",
+                           "test.yaml");
+  ASSERT_TRUE(cfg.ok());
+  ASSERT_TRUE(cfg->CheckKnownKeys(KvConfigKeys()).ok());
+  auto c = KvCacheConfigFromYaml(*cfg, {});
+  ASSERT_TRUE(c.ok()) << c.error().ToString();
+  EXPECT_EQ(c->host_write_policy, WritePolicy::kWriteBack);
+  EXPECT_EQ(c->disk_write_policy, WritePolicy::kWriteThrough);
+  EXPECT_EQ(c->prefetch_max_requests, 0);
+  KvCacheConfig defaults;
+  EXPECT_EQ(defaults.host_write_policy, WritePolicy::kWriteThrough);
+  EXPECT_EQ(defaults.disk_write_policy, WritePolicy::kWriteThrough);
+  EXPECT_EQ(defaults.prefetch_max_requests, 4);
+}
+
+TEST(KvConfigPolicyTest, UnknownWritePolicyIsRejectedNamingKeyAndValue) {
+  auto cfg = Config::Parse("kv:\n  disk_write_policy: lazy\n", "test.yaml");
+  ASSERT_TRUE(cfg.ok());
+  auto c = KvCacheConfigFromYaml(*cfg, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message().find("kv.disk_write_policy"), std::string::npos) << c.error().message();
+  EXPECT_NE(c.error().message().find("must be write-through or write-back, not 'lazy'"), std::string::npos)
+      << c.error().message();
+  auto neg = Config::Parse("kv:\n  prefetch_max_requests: -1\n", "test.yaml");
+  ASSERT_TRUE(neg.ok());
+  auto n = KvCacheConfigFromYaml(*neg, {});
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.error().message().find("kv.prefetch_max_requests"), std::string::npos) << n.error().message();
+}
+
+TEST(KvConfigPolicyTest, FlagsSetPoliciesAndRejectBadValues) {
+  KvCacheConfig c;
+  ASSERT_TRUE(ApplyKvFlag("--kv-host-write-policy", "write-back", &c).ok());
+  ASSERT_TRUE(ApplyKvFlag("--kv-disk-write-policy", "write-back", &c).ok());
+  ASSERT_TRUE(ApplyKvFlag("--kv-prefetch-max-requests", "7", &c).ok());
+  EXPECT_EQ(c.host_write_policy, WritePolicy::kWriteBack);
+  EXPECT_EQ(c.disk_write_policy, WritePolicy::kWriteBack);
+  EXPECT_EQ(c.prefetch_max_requests, 7);
+  for (auto [flag, value] : std::vector<std::pair<const char*, const char*>>{
+           {"--kv-host-write-policy", "writeback"},
+           {"--kv-disk-write-policy", ""},
+           {"--kv-prefetch-max-requests", "x"},
+           {"--kv-prefetch-max-requests", "5000"}}) {
+    Status s = ApplyKvFlag(flag, value, &c);
+    ASSERT_FALSE(s.ok()) << flag << " " << value;
+    EXPECT_NE(s.message().find(flag), std::string::npos) << s.message();
+  }
+  EXPECT_EQ(ParseWritePolicy(WritePolicyName(WritePolicy::kWriteBack)).value(), WritePolicy::kWriteBack);
+  EXPECT_EQ(ParseWritePolicy(WritePolicyName(WritePolicy::kWriteThrough)).value(), WritePolicy::kWriteThrough);
+}
+
+TEST(KvConfigPolicyTest, LowerTierOfEqualSizeWarnsToo) {
+  KvCacheConfig c;
+  c.device_bytes = 64 << 20;
+  c.host_bytes = 64 << 20;  // equal: holds nothing the device does not
+  c.disk_path = "/x";
+  c.disk_bytes = 64 << 20;  // equal to host
+  std::vector<std::string> warnings;
+  ASSERT_TRUE(ValidateKvCacheConfig(c, 0, &warnings).ok());
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("kv.host_bytes (--kv-host-bytes) 67108864 is the same size as the device tier's"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[1].find("kv.disk_bytes (--kv-disk-bytes) 67108864 is the same size as the host tier's"),
+            std::string::npos)
+      << warnings[1];
+  EXPECT_NE(warnings[1].find("will churn"), std::string::npos);
+
+  c.host_bytes = 32 << 20;
+  warnings.clear();
+  ASSERT_TRUE(ValidateKvCacheConfig(c, 0, &warnings).ok());
+  ASSERT_EQ(warnings.size(), 1u);  // disk (64M) is larger than host (32M)
+  EXPECT_NE(warnings[0].find("is smaller than the device tier's"), std::string::npos) << warnings[0];
+
+  c.host_bytes = (64 << 20) + 1;
+  c.disk_bytes = 1 << 30;
+  warnings.clear();
+  ASSERT_TRUE(ValidateKvCacheConfig(c, 0, &warnings).ok());
+  EXPECT_TRUE(warnings.empty());
+}
+
+}  // namespace
+}  // namespace strata::kvcache
