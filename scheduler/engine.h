@@ -186,7 +186,7 @@ struct EngineStats {
   uint64_t prefetches_started = 0;   // waiting requests that began loading their prefix
   uint64_t prefetched_blocks = 0;    // lower-tier blocks those prefetches queued for loading
   uint64_t prefetches_used = 0;      // admitted with their prefetched blocks
-  uint64_t prefetches_released = 0;  // blocks given back before admission (pool pressure)
+  uint64_t prefetches_released = 0;  // prefetches given back before admission (pool pressure)
   int num_prefetching = 0;           // waiting requests holding prefetched blocks now
   kvcache::KvManagerStats kv;
 };

@@ -139,6 +139,17 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
   tier_deferred_ = counter_family(
       "strata_kv_tier_admissions_deferred_total",
       "Full blocks not written to each lower tier yet for lack of hits (admit_after).");
+  tier_writebacks_ = counter_family(
+      "strata_kv_tier_writebacks_total",
+      "Evicted device blocks queued for writing to each write-back lower tier.");
+  tier_writebacks_dropped_ = counter_family(
+      "strata_kv_tier_writebacks_dropped_total",
+      "Evicted device blocks not written back to each tier: every staging buffer was busy.");
+  prefetches_ = counter_family(
+      "strata_kv_prefetches_total",
+      "Waiting requests whose lower-tier prefix started loading before admission, by outcome.");
+  prefetched_blocks_ = counter_family("strata_kv_prefetched_blocks_total",
+                                      "Blocks loaded ahead of admission by prefetches.");
 }
 
 ServerMetrics::~ServerMetrics() = default;
@@ -252,7 +263,14 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
       SetDelta(*tier_write_failures_, "write_failures", tier, static_cast<double>(t.writes_failed));
       SetDelta(*tier_load_seconds_, "load_seconds", tier, Seconds(t.load_nanos));
       SetDelta(*tier_deferred_, "deferred", tier, static_cast<double>(t.admissions_deferred));
+      SetDelta(*tier_writebacks_, "writebacks", tier, static_cast<double>(t.writebacks));
+      SetDelta(*tier_writebacks_dropped_, "writebacks_dropped", tier, static_cast<double>(t.writebacks_dropped));
     }
+    SetDelta(*prefetches_, "prefetch_started", {{"outcome", "started"}}, static_cast<double>(s.prefetches_started));
+    SetDelta(*prefetches_, "prefetch_used", {{"outcome", "used"}}, static_cast<double>(s.prefetches_used));
+    SetDelta(*prefetches_, "prefetch_released", {{"outcome", "released"}},
+             static_cast<double>(s.prefetches_released));
+    SetDelta(*prefetched_blocks_, "prefetched_blocks", {}, static_cast<double>(s.prefetched_blocks));
   }
   prometheus::TextSerializer serializer;
   return serializer.Serialize(registry_->Collect());

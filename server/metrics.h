@@ -122,6 +122,10 @@ class ServerMetrics final : public RequestObserver {
   prometheus::Family<prometheus::Counter>* tier_write_failures_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_load_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_deferred_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tier_writebacks_ = nullptr;          // {tier}
+  prometheus::Family<prometheus::Counter>* tier_writebacks_dropped_ = nullptr;  // {tier}
+  prometheus::Family<prometheus::Counter>* prefetches_ = nullptr;               // {outcome}
+  prometheus::Family<prometheus::Counter>* prefetched_blocks_ = nullptr;
 
   mutable std::mutex mu_;  // guards the maps below
   std::unordered_map<uint64_t, RequestState> requests_state_;

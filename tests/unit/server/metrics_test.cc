@@ -79,7 +79,13 @@ scheduler::EngineStats Snapshot(uint64_t scale) {
   disk.bytes_up = 1024 * scale;
   disk.loads_failed = 2 * scale;
   disk.writes_failed = 1 * scale;
+  disk.writebacks = 6 * scale;
+  disk.writebacks_dropped = 1 * scale;
   s.kv.tiers = {host, disk};
+  s.prefetches_started = 5 * scale;
+  s.prefetches_used = 3 * scale;
+  s.prefetches_released = 1 * scale;
+  s.prefetched_blocks = 12 * scale;
   return s;
 }
 
@@ -203,6 +209,13 @@ TEST(ServerMetricsTest, EngineSnapshotSetsGaugesAndGrowsCountersByDelta) {
   EXPECT_EQ(Get(m, tier("strata_kv_tier_load_failures_total", "disk")), 2);
   EXPECT_EQ(Get(m, tier("strata_kv_tier_write_failures_total", "disk")), 1);
   EXPECT_DOUBLE_EQ(Get(m, tier("strata_kv_tier_load_seconds_total", "host")), 0.5);
+  EXPECT_EQ(Get(m, tier("strata_kv_tier_writebacks_total", "disk")), 6);
+  EXPECT_EQ(Get(m, tier("strata_kv_tier_writebacks_dropped_total", "disk")), 1);
+  EXPECT_EQ(Get(m, tier("strata_kv_tier_writebacks_total", "host")), 0);
+  EXPECT_EQ(Get(m, "strata_kv_prefetches_total{model_name=\"tiny\",outcome=\"started\"}"), 5);
+  EXPECT_EQ(Get(m, "strata_kv_prefetches_total{model_name=\"tiny\",outcome=\"used\"}"), 3);
+  EXPECT_EQ(Get(m, "strata_kv_prefetches_total{model_name=\"tiny\",outcome=\"released\"}"), 1);
+  EXPECT_EQ(Get(m, "strata_kv_prefetched_blocks_total" + l), 12);
 
   // Scraping again with the same figures changes nothing; tripled figures
   // add the difference (a counter never double counts).
