@@ -1,10 +1,13 @@
 #include "tools/kv_stack.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "common/logging.h"
 #include "kvcache/block_hash.h"
+#include "tools/kv_estimate.h"
 
 namespace strata::cli {
 
@@ -51,6 +54,35 @@ Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, c
     lowers.push_back({stack->disk.get(), kv.disk_write_policy, kv.disk_admit_after, 0});
   }
   kvcache::KvManagerOptions o;
+  if (kv.load_policy == kvcache::LoadPolicy::kAuto && !lowers.empty()) {
+    // Measured now, before any request owns a device block (see kv_estimate.h).
+    const uint64_t sample = block_bytes * std::min<uint64_t>(16, std::max<uint64_t>(1, (64u << 20) / block_bytes));
+    o.recompute_tokens_per_s = MeasureRecomputeRate(engine);
+    std::string line = "kv load policy auto: recompute " + std::to_string(static_cast<int64_t>(o.recompute_tokens_per_s)) +
+                       " tokens/s";
+    const double block_compute_ms =
+        o.recompute_tokens_per_s > 0 ? 1e3 * kv.block_size / o.recompute_tokens_per_s : 0;
+    for (auto& t : lowers) {
+      if (t.store == stack->host.get()) {
+        t.read_bytes_per_s = MeasureMemcpyRate(sample);
+      } else if (t.store == stack->disk.get()) {
+        auto r = MeasureDirectReadRate(kv.disk_path, block_bytes, static_cast<int>(sample / block_bytes));
+        if (r) {
+          t.read_bytes_per_s = *r;
+        } else {
+          STRATA_LOG_WARN("kv load policy auto: disk read rate unknown ({}); disk hits are always loaded",
+                          r.error().ToString());
+        }
+      }
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "; %s %.2f GB/s (a block: load %.3f ms vs recompute %.3f ms)",
+                    std::string(t.store->name()).c_str(), t.read_bytes_per_s / 1e9,
+                    t.read_bytes_per_s > 0 ? 1e3 * static_cast<double>(block_bytes) / t.read_bytes_per_s : 0.0,
+                    block_compute_ms);
+      line += buf;
+    }
+    STRATA_LOG_INFO("{}", line);
+  }
   o.block_size = kv.block_size;
   o.num_device_blocks = engine.num_blocks();
   o.block_bytes = block_bytes;

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/support/run_command.h"
@@ -67,6 +69,34 @@ TEST(KvCli, DiskPrefixFromAnEarlierProcessMatchesAColdRun) {
   EXPECT_EQ(other["cached_tokens"], 0);
   EXPECT_EQ(other["cache"]["disk_hit_tokens"], 0);
   EXPECT_EQ(other["tokens"], cold["tokens"]);
+}
+
+// --kv-load-policy auto (the default) measures recompute speed and each
+// tier's read rate when the stack opens, logs them, and still loads: a block
+// moves in microseconds and recomputes in milliseconds.
+TEST(KvCli, AutoLoadPolicyMeasuresAndLogsItsEstimates) {
+  const std::string dir = testing::MakeTempDir("strata-kv-auto-") + "/kv";
+  const std::string flags = "--kv-block-size 64 --kv-host-bytes 4M --kv-disk-path " + ShellQuote(dir) +
+                            " --kv-disk-bytes 64M --kv-disk-admit-after 0";
+  auto info = [](std::string cmd) {  // Gen logs at warn; the estimates are an info line
+    cmd.replace(cmd.find("--log-level warn"), 16, "--log-level info");
+    return cmd;
+  };
+  auto r = RunCommand(info(Gen(kPromptA, flags)));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::regex line(R"(kv load policy auto: recompute (\d+) tokens/s; host ([0-9.]+) GB/s .*; disk ([0-9.]+) GB/s)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, line)) << r.err;
+  EXPECT_GT(std::stod(m[1].str()), 0) << m[0];
+  EXPECT_GT(std::stod(m[2].str()), 0) << m[0];
+  EXPECT_GT(std::stod(m[3].str()), 0) << m[0];
+  // The measurement leaves no file behind in the disk tier's directory.
+  auto ls = RunCommand("ls -A " + ShellQuote(dir) + " | grep -c strata-load-estimate");
+  EXPECT_EQ(ls.out.substr(0, 1), "0") << ls.out;
+  // With `never` nothing is measured.
+  auto never = RunCommand(info(Gen(kPromptA, flags + " --kv-load-policy never")));
+  ASSERT_EQ(never.exit_code, 0) << never.err;
+  EXPECT_EQ(never.err.find("kv load policy auto"), std::string::npos) << never.err;
 }
 
 TEST(KvCli, HostTierWithinOneProcessHasNoHitsButSameTokens) {
