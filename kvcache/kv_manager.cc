@@ -414,7 +414,16 @@ void KvManager::Complete(const StoreCompletion& c) {
   const size_t t = static_cast<size_t>(op.tier);
   LowerTierStats& ts = stats_.tiers[t];
   const std::string_view name = lowers_[t].store->name();
+  const int64_t op_nanos = clock_->NowNanos() - op.start_nanos;
+  auto bucket = [](int64_t nanos) {
+    const double sec = static_cast<double>(nanos) * 1e-9;
+    size_t b = 0;
+    while (b < kTierLatencyBounds.size() && sec > kTierLatencyBounds[b]) ++b;
+    return b;
+  };
   if (op.kind == OpKind::kWrite) {
+    ++ts.write_latency[bucket(op_nanos)];
+    ts.write_nanos += op_nanos;
     writes_in_flight_[t].erase(op.hash);
     if (c.status.ok()) {
       stats_.bytes_down += bytes;
@@ -428,7 +437,8 @@ void KvManager::Complete(const StoreCompletion& c) {
     ReleaseStaging(op.staging);
     return;
   }
-  const int64_t nanos = clock_->NowNanos() - op.start_nanos;
+  const int64_t nanos = op_nanos;
+  ++ts.load_latency[bucket(nanos)];
   stats_.load_nanos += nanos;
   ts.load_nanos += nanos;
   auto rit = requests_.find(op.request);
@@ -517,6 +527,8 @@ Result<FlushResult> KvManager::Flush(bool device, const std::vector<bool>& lower
 KvManagerStats KvManager::stats() const {
   KvManagerStats s = stats_;
   s.device_pool = pool_.stats();
+  for (size_t i = 0; i < s.tiers.size() && i < lowers_.size(); ++i)
+    s.tiers[i].corrupt_blocks = lowers_[i].store->stats().corrupt_blocks;
   return s;
 }
 

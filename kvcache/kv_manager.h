@@ -73,6 +73,7 @@
 // Thread-safety: none. One thread (the engine loop) calls everything; the
 // lower tier is driven from that thread too (BlockStore's rule).
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -155,6 +156,13 @@ struct TierHits {
   uint64_t tokens = 0;
 };
 
+// Upper bounds (seconds) of the latency buckets LowerTierStats counts loads
+// and writes in (submit → completion, Clock time); a last, open bucket
+// takes the rest. Cumulative like Prometheus' le buckets only when summed.
+inline constexpr std::array<double, 12> kTierLatencyBounds = {1e-4,   2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+                                                              1e-2,   2.5e-2, 5e-2, 0.1,  0.25,   1.0};
+using TierLatencyCounts = std::array<uint64_t, kTierLatencyBounds.size() + 1>;  // per bucket, not cumulative
+
 struct LowerTierStats {
   std::string name;              // the store's name()
   TierHits hits;                 // prefix blocks loaded from this tier (completed OK)
@@ -167,6 +175,10 @@ struct LowerTierStats {
   uint64_t writes_failed = 0;
   uint64_t loads_failed = 0;
   int64_t load_nanos = 0;
+  int64_t write_nanos = 0;             // sum over completed writes of submit → completion
+  TierLatencyCounts load_latency{};    // completed loads (OK or not) by latency bucket
+  TierLatencyCounts write_latency{};   // completed writes (OK or not) by latency bucket
+  uint64_t corrupt_blocks = 0;         // the store's StoreStats::corrupt_blocks (filled by stats())
 };
 
 struct KvManagerStats {

@@ -150,6 +150,19 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
       "Waiting requests whose lower-tier prefix started loading before admission, by outcome.");
   prefetched_blocks_ = counter_family("strata_kv_prefetched_blocks_total",
                                       "Blocks loaded ahead of admission by prefetches.");
+  tier_load_latency_ = &BuildHistogram()
+                            .Name("strata_kv_tier_load_latency_seconds")
+                            .Help("Submit-to-completion time of each block load from a lower tier, in seconds.")
+                            .Labels(model)
+                            .Register(r);
+  tier_write_latency_ = &BuildHistogram()
+                             .Name("strata_kv_tier_store_latency_seconds")
+                             .Help("Submit-to-completion time of each block write to a lower tier, in seconds.")
+                             .Labels(model)
+                             .Register(r);
+  tier_corrupt_ = counter_family(
+      "strata_kv_tier_corrupt_blocks_total",
+      "Blocks a lower tier found corrupt (checksum, truncated slab, bad index entry) and turned into misses.");
 }
 
 ServerMetrics::~ServerMetrics() = default;
@@ -215,6 +228,27 @@ size_t ServerMetrics::tracked_requests() const {
   return requests_state_.size();
 }
 
+void ServerMetrics::ObserveDelta(prometheus::Family<prometheus::Histogram>& family, const std::string& key,
+                                 const std::string& tier, const kvcache::TierLatencyCounts& counts, int64_t nanos) {
+  DeltaHistogram& d = hist_deltas_[key + "|" + tier];
+  if (d.histogram == nullptr) {
+    Histogram::BucketBoundaries bounds(kvcache::kTierLatencyBounds.begin(), kvcache::kTierLatencyBounds.end());
+    d.histogram = &family.Add({{"tier", tier}}, bounds);
+  }
+  // A count that went down means a new engine or tier: count from zero.
+  bool restarted = nanos < d.last_nanos;
+  for (size_t i = 0; i < counts.size(); ++i) restarted = restarted || counts[i] < d.last[i];
+  std::vector<double> inc(counts.size());
+  bool any = false;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    inc[i] = static_cast<double>(restarted ? counts[i] : counts[i] - d.last[i]);
+    any = any || inc[i] > 0;
+  }
+  if (any) d.histogram->ObserveMultiple(inc, Seconds(restarted ? nanos : nanos - d.last_nanos));
+  d.last = counts;
+  d.last_nanos = nanos;
+}
+
 void ServerMetrics::SetDelta(prometheus::Family<prometheus::Counter>& family,
                              const std::string& key,
                              const std::map<std::string, std::string>& labels, double value) {
@@ -265,6 +299,9 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
       SetDelta(*tier_deferred_, "deferred", tier, static_cast<double>(t.admissions_deferred));
       SetDelta(*tier_writebacks_, "writebacks", tier, static_cast<double>(t.writebacks));
       SetDelta(*tier_writebacks_dropped_, "writebacks_dropped", tier, static_cast<double>(t.writebacks_dropped));
+      SetDelta(*tier_corrupt_, "corrupt", tier, static_cast<double>(t.corrupt_blocks));
+      ObserveDelta(*tier_load_latency_, "load_latency", t.name, t.load_latency, t.load_nanos);
+      ObserveDelta(*tier_write_latency_, "write_latency", t.name, t.write_latency, t.write_nanos);
     }
     SetDelta(*prefetches_, "prefetch_started", {{"outcome", "started"}}, static_cast<double>(s.prefetches_started));
     SetDelta(*prefetches_, "prefetch_used", {{"outcome", "used"}}, static_cast<double>(s.prefetches_used));

@@ -79,6 +79,15 @@ class ServerMetrics final : public RequestObserver {
     double last = 0;
   };
 
+  struct DeltaHistogram {
+    prometheus::Histogram* histogram = nullptr;
+    kvcache::TierLatencyCounts last{};
+    int64_t last_nanos = 0;
+  };
+  // Feeds a histogram from cumulative per-bucket counts (kvcache's tier
+  // latency buckets) by the change since the last scrape.
+  void ObserveDelta(prometheus::Family<prometheus::Histogram>& family, const std::string& key,
+                    const std::string& tier, const kvcache::TierLatencyCounts& counts, int64_t nanos);
   void SetDelta(prometheus::Family<prometheus::Counter>& family, const std::string& key,
                 const std::map<std::string, std::string>& labels, double value);
   prometheus::Gauge& TierGauge(prometheus::Family<prometheus::Gauge>& family,
@@ -126,10 +135,14 @@ class ServerMetrics final : public RequestObserver {
   prometheus::Family<prometheus::Counter>* tier_writebacks_dropped_ = nullptr;  // {tier}
   prometheus::Family<prometheus::Counter>* prefetches_ = nullptr;               // {outcome}
   prometheus::Family<prometheus::Counter>* prefetched_blocks_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* tier_load_latency_ = nullptr;   // {tier}
+  prometheus::Family<prometheus::Histogram>* tier_write_latency_ = nullptr;  // {tier}
+  prometheus::Family<prometheus::Counter>* tier_corrupt_ = nullptr;          // {tier}
 
   mutable std::mutex mu_;  // guards the maps below
   std::unordered_map<uint64_t, RequestState> requests_state_;
   std::map<std::string, DeltaCounter> deltas_;  // family key + labels → counter
+  std::map<std::string, DeltaHistogram> hist_deltas_;
 };
 
 }  // namespace strata::server

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include <map>
 #include <random>
 #include <set>
@@ -213,6 +215,12 @@ TEST(KvManagerTest, DeviceHostDeviceIsBitwiseIdentical) {
   EXPECT_EQ(s.lower.tokens, 12u);
   EXPECT_EQ(s.bytes_up, 3 * kBlockBytes);
   EXPECT_EQ(s.load_nanos, 300);
+  // Each load took 100 ns of clock time: all three in the first latency
+  // bucket (<= 100 us), none elsewhere; every completed write was counted.
+  ASSERT_EQ(s.tiers.size(), 1u);
+  EXPECT_EQ(s.tiers[0].load_latency[0], 3u);
+  EXPECT_EQ(std::accumulate(s.tiers[0].load_latency.begin(), s.tiers[0].load_latency.end(), uint64_t{0}), 3u);
+  EXPECT_GE(std::accumulate(s.tiers[0].write_latency.begin(), s.tiers[0].write_latency.end(), uint64_t{0}), 3u);
   // Loaded blocks are named again: a fourth request hits them in device.
   EXPECT_EQ(f.mgr->Match(a, {}).device_tokens, 12);
 }

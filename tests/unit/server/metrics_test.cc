@@ -72,6 +72,8 @@ scheduler::EngineStats Snapshot(uint64_t scale) {
   host.bytes_up = 2048 * scale;
   host.loads_failed = 0;
   host.load_nanos = static_cast<int64_t>(scale) * kSec / 2;
+  host.load_latency[3] = 2 * scale;   // <= 1 ms
+  host.load_latency[12] = 1 * scale;  // > 1 s (the open bucket)
   kvcache::LowerTierStats disk;
   disk.name = "disk";
   disk.hits.tokens = 8 * scale;
@@ -80,6 +82,9 @@ scheduler::EngineStats Snapshot(uint64_t scale) {
   disk.loads_failed = 2 * scale;
   disk.writes_failed = 1 * scale;
   disk.writebacks = 6 * scale;
+  disk.write_latency[0] = 4 * scale;  // <= 100 us
+  disk.write_nanos = static_cast<int64_t>(scale) * kSec / 1000;
+  disk.corrupt_blocks = 2 * scale;
   disk.writebacks_dropped = 1 * scale;
   s.kv.tiers = {host, disk};
   s.prefetches_started = 5 * scale;
@@ -216,6 +221,16 @@ TEST(ServerMetricsTest, EngineSnapshotSetsGaugesAndGrowsCountersByDelta) {
   EXPECT_EQ(Get(m, "strata_kv_prefetches_total{model_name=\"tiny\",outcome=\"used\"}"), 3);
   EXPECT_EQ(Get(m, "strata_kv_prefetches_total{model_name=\"tiny\",outcome=\"released\"}"), 1);
   EXPECT_EQ(Get(m, "strata_kv_prefetched_blocks_total" + l), 12);
+  EXPECT_EQ(Get(m, tier("strata_kv_tier_corrupt_blocks_total", "disk")), 2);
+  EXPECT_EQ(Get(m, tier("strata_kv_tier_load_latency_seconds_count", "host")), 3);
+  EXPECT_DOUBLE_EQ(Get(m, tier("strata_kv_tier_load_latency_seconds_sum", "host")), 0.5);
+  const std::string hb = "strata_kv_tier_load_latency_seconds_bucket{model_name=\"tiny\",tier=\"host\",le=";
+  EXPECT_EQ(Get(m, hb + "\"0.0005\"}"), 0);
+  EXPECT_EQ(Get(m, hb + "\"0.001\"}"), 2);
+  EXPECT_EQ(Get(m, hb + "\"1\"}"), 2);
+  EXPECT_EQ(Get(m, hb + "\"+Inf\"}"), 3);
+  EXPECT_EQ(Get(m, tier("strata_kv_tier_store_latency_seconds_count", "disk")), 4);
+  EXPECT_DOUBLE_EQ(Get(m, tier("strata_kv_tier_store_latency_seconds_sum", "disk")), 0.001);
 
   // Scraping again with the same figures changes nothing; tripled figures
   // add the difference (a counter never double counts).
@@ -225,6 +240,8 @@ TEST(ServerMetricsTest, EngineSnapshotSetsGaugesAndGrowsCountersByDelta) {
   EXPECT_EQ(Get(m, "strata_prefix_cache_queries_total" + l), 300);
   EXPECT_EQ(Get(m, tier("strata_prefix_cache_hits_total", "host")), 48);
   EXPECT_EQ(Get(m, tier("strata_kv_tier_bytes_written_total", "disk")), 3 * 8192);
+  EXPECT_EQ(Get(m, tier("strata_kv_tier_load_latency_seconds_count", "host")), 9);  // histograms grow by delta too
+  EXPECT_DOUBLE_EQ(Get(m, tier("strata_kv_tier_load_latency_seconds_sum", "host")), 1.5);
   // A figure that went down (the engine restarted) counts from zero again:
   // the counter still only grows.
   m = Parse(metrics.Render(Snapshot(1)));
