@@ -152,7 +152,8 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
       "instances", "routing", "instance.profile", "instance.model", "instance.kv_dtype",
       "instance.kv_bytes_per_token", "instance.block_size", "instance.device_bytes", "instance.host_bytes",
       "instance.disk_bytes", "instance.host_read_bytes_per_s", "instance.host_write_bytes_per_s",
-      "instance.disk_read_bytes_per_s", "instance.disk_write_bytes_per_s", "instance.max_num_seqs",
+      "instance.disk_read_bytes_per_s", "instance.disk_write_bytes_per_s", "instance.disk_admit_after",
+      "instance.max_num_seqs",
       "instance.max_batch_tokens", "instance.cost.a", "instance.cost.b", "instance.cost.c", "instance.cost.d",
       "instance.cost.e", "instance.cost.f", "instance.cost.calibrated"};
   STRATA_RETURN_IF_ERROR(cfg.CheckKnownKeys(kKnown));
@@ -200,6 +201,10 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
   STRATA_RETURN_IF_ERROR(bw("instance.host_write_bytes_per_s", &ic.host_write_bytes_per_s));
   STRATA_RETURN_IF_ERROR(bw("instance.disk_read_bytes_per_s", &ic.disk_read_bytes_per_s));
   STRATA_RETURN_IF_ERROR(bw("instance.disk_write_bytes_per_s", &ic.disk_write_bytes_per_s));
+  STRATA_ASSIGN_OR_RETURN(int64_t admit, cfg.GetInt("instance.disk_admit_after", ic.disk_admit_after));
+  if (admit < 0 || admit > 1000000)
+    return Status::InvalidArgument(origin + ": instance.disk_admit_after must be in [0, 1000000]");
+  ic.disk_admit_after = static_cast<uint32_t>(admit);
   STRATA_ASSIGN_OR_RETURN(int64_t seqs, cfg.GetInt("instance.max_num_seqs", ic.max_num_seqs));
   if (seqs < 1 || seqs > 65536) return Status::InvalidArgument(origin + ": instance.max_num_seqs must be in [1, 65536]");
   ic.max_num_seqs = static_cast<int>(seqs);

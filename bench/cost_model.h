@@ -60,6 +60,9 @@ struct InstanceConfig {
   uint64_t disk_bytes = 0;    // 0 = no disk tier
   double host_read_bytes_per_s = 0, host_write_bytes_per_s = 0;  // 0 = instant
   double disk_read_bytes_per_s = 0, disk_write_bytes_per_s = 0;
+  // Hits a block needs before it is written to disk (kv.disk_admit_after);
+  // 0 = every full block is written through.
+  uint32_t disk_admit_after = 0;
   int max_num_seqs = 64;
   int max_batch_tokens = 512;
   CostModel cost;

@@ -51,7 +51,8 @@ nlohmann::json Figures(const SimResult& r) {
                      {"hit_blocks", t.hit_blocks},
                      {"capacity_bytes", t.capacity_bytes},
                      {"used_bytes", t.used_bytes},
-                     {"evictions", t.evictions}});
+                     {"evictions", t.evictions},
+                     {"bytes_written", t.bytes_written}});
   }
   j["tiers"] = std::move(tiers);
   j["wall_seconds"] = r.wall_seconds;
@@ -92,6 +93,7 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
                   {"disk_bytes", ic.disk_bytes},
                   {"host_read_bytes_per_s", ic.host_read_bytes_per_s},
                   {"disk_read_bytes_per_s", ic.disk_read_bytes_per_s},
+                  {"disk_admit_after", ic.disk_admit_after},
                   {"max_num_seqs", ic.max_num_seqs},
                   {"max_batch_tokens", ic.max_batch_tokens},
                   {"cost", nlohmann::json::parse(CostModelJson(ic.cost))},
@@ -145,7 +147,8 @@ std::string SimReportText(const SimOptions& o, const SimResult& r, const std::st
   s += "  by tier (tokens):";
   for (const SimTier& t : r.tiers)
     s += " " + t.name + " " +
-         Fmt("%.4f", r.prompt_tokens ? static_cast<double>(t.hit_tokens) / static_cast<double>(r.prompt_tokens) : 0.0);
+         Fmt("%.4f", r.prompt_tokens ? static_cast<double>(t.hit_tokens) / static_cast<double>(r.prompt_tokens) : 0.0) +
+         (t.name == "device" ? "" : " (" + Gib(t.bytes_written) + " written)");
   s += "\n";
   s += "TTFT: mean " + Fmt("%.3f", r.ttft_mean_s) + " s, p50 " + Fmt("%.3f", r.ttft_p50_s) + " s, p99 " +
        Fmt("%.3f", r.ttft_p99_s) + " s; TPOT p50 " + Fmt("%.4f", r.tpot_p50_s) + " s; E2E p50 " +
@@ -158,9 +161,17 @@ std::string SimReportText(const SimOptions& o, const SimResult& r, const std::st
   if (!sweep.empty()) {
     s += "\n" + sweep_key + "  hit_ratio_blocks  hit_ratio_tokens  ttft_p50_s  ttft_p99_s  output_tok/s\n";
     for (const auto& [bytes, pr] : sweep) {
-      s += Gib(bytes) + "  " + Fmt("%.6f", pr.hit_ratio_blocks) + "  " + Fmt("%.6f", pr.hit_ratio_tokens) + "  " +
+      const std::string key = sweep_key == "disk_admit_after" ? std::to_string(bytes) : Gib(bytes);
+      std::string disk;
+      for (const SimTier& t : pr.tiers)
+        if (t.name == "disk")
+          disk = "  disk: hits " +
+                 Fmt("%.4f", pr.prompt_tokens ? static_cast<double>(t.hit_tokens) / static_cast<double>(pr.prompt_tokens)
+                                              : 0.0) +
+                 " of tokens, " + Gib(t.bytes_written) + " written";
+      s += key + "  " + Fmt("%.6f", pr.hit_ratio_blocks) + "  " + Fmt("%.6f", pr.hit_ratio_tokens) + "  " +
            Fmt("%.3f", pr.ttft_p50_s) + "  " + Fmt("%.3f", pr.ttft_p99_s) + "  " +
-           Fmt("%.1f", pr.throughput_tokens_per_s) + "\n";
+           Fmt("%.1f", pr.throughput_tokens_per_s) + disk + "\n";
     }
   }
   return s;

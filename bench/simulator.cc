@@ -156,7 +156,8 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
       in.disk = std::make_unique<SimStore>(
           SimStoreOptions{"disk", ic.disk_bytes, block_bytes, ic.disk_read_bytes_per_s, ic.disk_write_bytes_per_s},
           &clock);
-      lowers.push_back({in.disk.get(), kvcache::WritePolicy::kWriteThrough, 0, ic.disk_read_bytes_per_s});
+      lowers.push_back(
+          {in.disk.get(), kvcache::WritePolicy::kWriteThrough, ic.disk_admit_after, ic.disk_read_bytes_per_s});
     }
     STRATA_ASSIGN_OR_RETURN(in.kv, kvcache::KvManager::Create(ko, kvcache::BlockMemoryFn{}, std::move(lowers), &clock));
     in.runner = std::make_unique<SimRunner>(ic.cost, o.vocab_size);
@@ -461,6 +462,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     res.tiers[0].evictions += ks.device_pool.evictions;
     for (size_t k = 1; k < num_tiers && k - 1 < ks.tiers.size(); ++k) {
       res.tiers[k].hit_blocks += ks.tiers[k - 1].hits.blocks;
+      res.tiers[k].bytes_written += ks.tiers[k - 1].bytes_down;
       const kvcache::StoreStats ss = in.kv->lower_store(k - 1).stats();
       res.tiers[k].capacity_bytes += ss.capacity_bytes;
       res.tiers[k].used_bytes += ss.used_bytes;

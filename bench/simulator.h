@@ -74,6 +74,7 @@ struct SimTier {
   uint64_t hit_tokens = 0;  // prompt tokens served from this tier (responses)
   uint64_t hit_blocks = 0;  // KvManagerStats (device shares, completed loads)
   uint64_t capacity_bytes = 0, used_bytes = 0, evictions = 0;
+  uint64_t bytes_written = 0;  // device → this tier (completed writes; 0 for device)
 };
 
 struct SimResult {

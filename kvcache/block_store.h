@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,14 @@ class BlockStore {
   virtual size_t Poll(std::vector<StoreCompletion>* out) = 0;
   // Blocks until every submitted operation has completed (shutdown, tests).
   virtual void Drain(std::vector<StoreCompletion>* out) = 0;
+
+  // Called by a store that evicts a block to make room (its LRU policy),
+  // with the block's bytes (empty in metadata-only stores), before they are
+  // overwritten; the listener must copy what it needs before returning and
+  // must not call back into this store. The KV manager uses it to pass host
+  // evictions on to a write-back disk tier. Stores without eviction ignore it.
+  using EvictionListener = std::function<void(const BlockHash& h, std::span<const uint8_t> data)>;
+  virtual void SetEvictionListener(EvictionListener listener) { (void)listener; }
 
   virtual Status Remove(const BlockHash& h) = 0;
   // Removes every block of namespace `ns` (all when ns is null).

@@ -181,7 +181,13 @@ Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns,
       done_.push_back({tag, Status::ResourceExhausted("host store has no slots")});
       return Status::Ok();
     }
-    FreeSlot(lru_.Front());
+    const int32_t victim = lru_.Front();
+    if (eviction_listener_) {
+      const std::span<const uint8_t> bytes =
+          metadata_only_ ? std::span<const uint8_t>() : std::span<const uint8_t>(slot_data(victim), block_bytes_);
+      eviction_listener_(slot_hash_[static_cast<size_t>(victim)], bytes);
+    }
+    FreeSlot(victim);
     ++evictions_;
   }
   const int32_t slot = free_slots_.back();

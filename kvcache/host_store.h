@@ -73,6 +73,7 @@ class HostStore final : public BlockStore {
   // REQUIRES: dst.size() == block_bytes (unless metadata_only). A miss
   // completes with NotFound.
   Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override;
+  void SetEvictionListener(EvictionListener listener) override { eviction_listener_ = std::move(listener); }
   size_t Poll(std::vector<StoreCompletion>* out) override;
   void Drain(std::vector<StoreCompletion>* out) override;
 
@@ -104,6 +105,7 @@ class HostStore final : public BlockStore {
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
   std::vector<StoreCompletion> done_;
   uint64_t evictions_ = 0;
+  EvictionListener eviction_listener_;
   uint64_t write_errors_ = 0;
 };
 

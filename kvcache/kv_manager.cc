@@ -58,10 +58,19 @@ KvManager::KvManager(const KvManagerOptions& options, BlockMemoryFn device_memor
     const uint64_t bb = std::max<uint64_t>(options_.block_bytes, 1);
     max_staging_ = std::max<uint64_t>(1, options_.writeback_staging_bytes / bb);
     pool_.set_evict_hook([this](BlockId b, const BlockHash& h) { evicted_.emplace_back(b, h); });
+    // A tier above a write-back tier passes its own evictions down.
+    for (size_t i = 0; i + 1 < lowers_.size(); ++i) {
+      bool below = false;
+      for (size_t j = i + 1; j < lowers_.size(); ++j) below = below || lowers_[j].write_policy == WritePolicy::kWriteBack;
+      if (below)
+        lowers_[i].store->SetEvictionListener(
+            [this, i](const BlockHash& h, std::span<const uint8_t> data) { OnLowerEvicted(i, h, data); });
+    }
   }
 }
 
 KvManager::~KvManager() {
+  for (const auto& t : lowers_) t.store->SetEvictionListener(nullptr);
   for (const auto& t : lowers_) {
     if (ops_.empty()) return;
     std::vector<StoreCompletion> done;
@@ -278,7 +287,7 @@ void KvManager::OnHit(BlockId block, const BlockHash& h, int source) {
   }
 }
 
-int32_t KvManager::AcquireStaging() {
+int32_t KvManager::AcquireStaging(bool may_poll) {
   if (free_staging_.empty() && staging_.size() < max_staging_) {
     auto* p = static_cast<uint8_t*>(
         ::operator new[](static_cast<size_t>(options_.block_bytes), std::align_val_t(kStagingAlign)));
@@ -286,7 +295,7 @@ int32_t KvManager::AcquireStaging() {
     staging_refs_.push_back(0);
     free_staging_.push_back(static_cast<int32_t>(staging_.size() - 1));
   }
-  if (free_staging_.empty()) PollStores();  // finished write-backs free theirs; never blocks
+  if (free_staging_.empty() && may_poll) PollStores();  // finished write-backs free theirs; never blocks
   if (free_staging_.empty()) return -1;
   const int32_t i = free_staging_.back();
   free_staging_.pop_back();
@@ -355,6 +364,56 @@ void KvManager::WriteBackEvicted() {
     // A buffer taken but not used by any write (all submissions failed).
     if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
   }
+}
+
+void KvManager::OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data) {
+  int32_t staging = -1;
+  for (size_t t = from + 1; t < lowers_.size(); ++t) {
+    const LowerTier& tier = lowers_[t];
+    if (tier.write_policy != WritePolicy::kWriteBack) continue;
+    if (writes_in_flight_[t].contains(h) || tier.store->Contains(h)) continue;
+    if (tier.admit_after > 0) {
+      auto hc = hit_counts_.find(h);
+      if (hc == hit_counts_.end() || hc->second < tier.admit_after) {
+        ++stats_.tiers[t].admissions_deferred;
+        continue;
+      }
+    }
+    std::span<const uint8_t> src;
+    if (!data.empty()) {
+      if (staging < 0) {
+        // Called from inside the evicting store: no polling here.
+        staging = AcquireStaging(/*may_poll=*/false);
+        if (staging < 0) {
+          ++stats_.tiers[t].writebacks_dropped;
+          continue;
+        }
+        std::memcpy(staging_[static_cast<size_t>(staging)].get(), data.data(),
+                    std::min<size_t>(data.size(), static_cast<size_t>(options_.block_bytes)));
+      }
+      src = {staging_[static_cast<size_t>(staging)].get(), static_cast<size_t>(options_.block_bytes)};
+    }
+    const uint64_t tag = next_tag_++;
+    Op op{OpKind::kWrite, static_cast<int>(t), RequestId(), 0, BlockId(), h, clock_->NowNanos()};
+    op.holds_block = false;
+    op.staging = staging;
+    ops_.emplace(tag, op);
+    if (staging >= 0) ++staging_refs_[static_cast<size_t>(staging)];
+    writes_in_flight_[t].insert(h);
+    ++stats_.tiers[t].writes;
+    ++stats_.tiers[t].writebacks;
+    Status s = tier.store->SubmitWrite(h, options_.ns, src, tag);
+    if (!s.ok()) {
+      ops_.erase(tag);
+      writes_in_flight_[t].erase(h);
+      if (staging >= 0) --staging_refs_[static_cast<size_t>(staging)];
+      ++stats_.writes_failed;
+      ++stats_.tiers[t].writes_failed;
+      STRATA_LOG_WARN("kv manager: write-back of a {} eviction to {} not submitted: {}",
+                      lowers_[from].store->name(), tier.store->name(), s.ToString());
+    }
+  }
+  if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
 }
 
 void KvManager::SubmitWrite(int tier, BlockId block, const BlockHash& h) {

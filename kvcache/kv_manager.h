@@ -343,9 +343,14 @@ class KvManager {
   // The pool evicted blocks (recorded by its hook): write them back. Called
   // right after every pool_.Allocate, before anything writes the blocks.
   void WriteBackEvicted();
+  // Lower tier `from` evicted `h` (bytes `data`): writes it to the
+  // write-back tiers below `from` that lack it, through a staging copy.
+  void OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data);
   // A free staging buffer (allocating one under the bound, else polling the
   // stores once); -1 when none.
-  int32_t AcquireStaging();
+  // may_poll: poll the stores once when no buffer is free (not from inside
+  // a store's callback).
+  int32_t AcquireStaging(bool may_poll = true);
   void ReleaseStaging(int32_t staging);
   size_t PollStores();
   void Complete(const StoreCompletion& c);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -29,7 +30,8 @@ struct SimFlags {
   int64_t max_requests = 0;
   int max_model_len = 0;
   int max_waiting = 1024;
-  std::string sweep_device_bytes, sweep_host_bytes;
+  std::string sweep_device_bytes, sweep_host_bytes, sweep_disk_admit_after;
+  int disk_admit_after = -1;
   // Overrides of the cluster file / profile; empty or 0 = keep.
   int instances = 0;
   std::string routing, device_bytes, host_bytes, disk_bytes;
@@ -124,6 +126,7 @@ int RunSimulate(const SimFlags& f) {
     if (!v.ok()) return fail(v.error().WithContext(flag));
     *field = *v;
   }
+  if (f.disk_admit_after >= 0) o.cluster.instance.disk_admit_after = static_cast<uint32_t>(f.disk_admit_after);
   o.unlimited_cache = f.unlimited_cache;
   o.serial = f.serial;
   o.tokens_per_hash_id = f.tokens_per_hash_id;
@@ -135,8 +138,9 @@ int RunSimulate(const SimFlags& f) {
 
   std::vector<uint64_t> sweep_values;
   std::string sweep_key;
-  if (!f.sweep_device_bytes.empty() && !f.sweep_host_bytes.empty()) {
-    return fail(Status::InvalidArgument("give one of --sweep-device-bytes and --sweep-host-bytes"));
+  if ((!f.sweep_device_bytes.empty()) + (!f.sweep_host_bytes.empty()) + (!f.sweep_disk_admit_after.empty()) > 1) {
+    return fail(Status::InvalidArgument(
+        "give one of --sweep-device-bytes, --sweep-host-bytes and --sweep-disk-admit-after"));
   }
   if (!f.sweep_device_bytes.empty()) {
     auto v = ParseSizes(f.sweep_device_bytes, "--sweep-device-bytes");
@@ -148,6 +152,18 @@ int RunSimulate(const SimFlags& f) {
     if (!v.ok()) return fail(v.error());
     sweep_values = *v;
     sweep_key = "host_bytes";
+  } else if (!f.sweep_disk_admit_after.empty()) {
+    std::string item;
+    std::stringstream in(f.sweep_disk_admit_after);
+    while (std::getline(in, item, ',')) {
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || v < 0 || v > 1000000)
+        return fail(Status::InvalidArgument("--sweep-disk-admit-after: '" + item +
+                                            "' is not a hit count in [0, 1000000]"));
+      sweep_values.push_back(static_cast<uint64_t>(v));
+    }
+    sweep_key = "disk_admit_after";
   }
   if (!sweep_values.empty() && o.unlimited_cache) {
     return fail(Status::InvalidArgument("a capacity sweep and --unlimited-cache exclude each other"));
@@ -163,6 +179,8 @@ int RunSimulate(const SimFlags& f) {
     bench::SimOptions so = o;
     if (sweep_key == "device_bytes") {
       so.cluster.instance.device_bytes = v;
+    } else if (sweep_key == "disk_admit_after") {
+      so.cluster.instance.disk_admit_after = static_cast<uint32_t>(v);
     } else {
       so.cluster.instance.host_bytes = v;
     }
@@ -215,6 +233,11 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
       ->capture_default_str();
   sim->add_option("--sweep-device-bytes", f->sweep_device_bytes, "also run at each device size: 1G,2G,4G,...");
   sim->add_option("--sweep-host-bytes", f->sweep_host_bytes, "also run at each host-tier size: 8G,16G,...");
+  sim->add_option("--disk-admit-after", f->disk_admit_after,
+                  "override each instance's disk admission (hits before a block is written to disk; 0 = all)")
+      ->check(CLI::Range(0, 1000000));
+  sim->add_option("--sweep-disk-admit-after", f->sweep_disk_admit_after,
+                  "also run at each disk admission threshold: 0,1,2,4 (disk hits vs bytes written)");
   sim->add_option("--slo", f->slo, "goodput limits, e.g. ttft=2s,tpot=100ms");
   sim->add_flag("--json", f->json, "print one JSON object");
   sim->add_flag("--records", f->records, "with --json: include every request's record");

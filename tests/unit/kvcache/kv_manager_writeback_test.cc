@@ -311,3 +311,37 @@ TEST(KvManagerWriteBackTest, HostAndDiskBothWriteBackReceiveEachEviction) {
 
 }  // namespace
 }  // namespace strata::kvcache
+
+namespace strata::kvcache {
+namespace {
+
+// Host (write-through, 2 slots) above a write-back disk: the block the host
+// evicts to make room goes down to disk (through a staging copy, since the
+// host slot is overwritten at once), so nothing the host drops is lost.
+TEST(KvManagerWriteBackTest, HostEvictionsGoDownToAWriteBackDisk) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << "no O_DIRECT filesystem for the temp dir";
+  auto host = Host(2);
+  auto disk = Disk(dir.path());
+  ASSERT_NE(disk, nullptr);
+  Rig rig({{host.get(), WritePolicy::kWriteThrough, 0, 0}, {disk.get(), WritePolicy::kWriteBack, 0, 0}});
+  const auto p = Seq(13, 50);  // 3 full blocks: the third host write evicts the first
+  rig.Run(1, p, 1);
+  EXPECT_EQ(host->stats().blocks, 2u);
+  EXPECT_EQ(host->stats().evictions, 1u);
+  EXPECT_EQ(rig.mgr->stats().tiers[1].writebacks, 1u) << "the host's eviction went to disk";
+  rig.AwaitBytesDown(1, 1);
+  // The device evicts the other two: write-back sends them to disk as well.
+  rig.EvictDevice();
+  rig.AwaitBytesDown(1, 3);
+  EXPECT_EQ(disk->stats().blocks, 3u);
+  // The host lacks block 0, so the whole prefix comes from disk, bitwise as computed.
+  EXPECT_EQ(rig.Run(2, p, 2), (std::vector<int>{2, 2, 2}));
+  auto s = rig.mgr->stats();
+  EXPECT_EQ(s.tiers[1].hits.blocks, 3u);
+  EXPECT_EQ(s.tiers[1].loads_failed, 0u);
+  EXPECT_EQ(disk->stats().corrupt_blocks, 0u);
+}
+
+}  // namespace
+}  // namespace strata::kvcache
