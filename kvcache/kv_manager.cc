@@ -342,27 +342,33 @@ void KvManager::WriteBackEvicted() {
         }
         data = {staging_[static_cast<size_t>(staging)].get(), static_cast<size_t>(options_.block_bytes)};
       }
-      const uint64_t tag = next_tag_++;
-      Op op{OpKind::kWrite, static_cast<int>(t), RequestId(), 0, block, h, clock_->NowNanos()};
-      op.holds_block = false;
-      op.staging = staging;
-      ops_.emplace(tag, op);
-      if (staging >= 0) ++staging_refs_[static_cast<size_t>(staging)];
-      writes_in_flight_[t].insert(h);
-      ++stats_.tiers[t].writes;
-      ++stats_.tiers[t].writebacks;
-      Status s = store->SubmitWrite(h, options_.ns, data, tag);
-      if (!s.ok()) {
-        ops_.erase(tag);
-        writes_in_flight_[t].erase(h);
-        if (staging >= 0) --staging_refs_[static_cast<size_t>(staging)];
-        ++stats_.writes_failed;
-        ++stats_.tiers[t].writes_failed;
-        STRATA_LOG_WARN("kv manager: write-back to {} not submitted: {}", store->name(), s.ToString());
-      }
+      SubmitWriteBack(t, block, h, data, staging);
     }
     // A buffer taken but not used by any write (all submissions failed).
     if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
+  }
+}
+
+void KvManager::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std::span<const uint8_t> data,
+                                int32_t staging) {
+  const uint64_t tag = next_tag_++;
+  Op op{OpKind::kWrite, static_cast<int>(t), RequestId(), 0, block, h, clock_->NowNanos()};
+  op.holds_block = false;
+  op.staging = staging;
+  ops_.emplace(tag, op);
+  if (staging >= 0) ++staging_refs_[static_cast<size_t>(staging)];
+  writes_in_flight_[t].insert(h);
+  ++stats_.tiers[t].writes;
+  ++stats_.tiers[t].writebacks;
+  BlockStore* store = lowers_[t].store;
+  Status s = store->SubmitWrite(h, options_.ns, data, tag);
+  if (!s.ok()) {
+    ops_.erase(tag);
+    writes_in_flight_[t].erase(h);
+    if (staging >= 0) --staging_refs_[static_cast<size_t>(staging)];
+    ++stats_.writes_failed;
+    ++stats_.tiers[t].writes_failed;
+    STRATA_LOG_WARN("kv manager: write-back to {} not submitted: {}", store->name(), s.ToString());
   }
 }
 
@@ -393,25 +399,7 @@ void KvManager::OnLowerEvicted(size_t from, const BlockHash& h, std::span<const 
       }
       src = {staging_[static_cast<size_t>(staging)].get(), static_cast<size_t>(options_.block_bytes)};
     }
-    const uint64_t tag = next_tag_++;
-    Op op{OpKind::kWrite, static_cast<int>(t), RequestId(), 0, BlockId(), h, clock_->NowNanos()};
-    op.holds_block = false;
-    op.staging = staging;
-    ops_.emplace(tag, op);
-    if (staging >= 0) ++staging_refs_[static_cast<size_t>(staging)];
-    writes_in_flight_[t].insert(h);
-    ++stats_.tiers[t].writes;
-    ++stats_.tiers[t].writebacks;
-    Status s = tier.store->SubmitWrite(h, options_.ns, src, tag);
-    if (!s.ok()) {
-      ops_.erase(tag);
-      writes_in_flight_[t].erase(h);
-      if (staging >= 0) --staging_refs_[static_cast<size_t>(staging)];
-      ++stats_.writes_failed;
-      ++stats_.tiers[t].writes_failed;
-      STRATA_LOG_WARN("kv manager: write-back of a {} eviction to {} not submitted: {}",
-                      lowers_[from].store->name(), tier.store->name(), s.ToString());
-    }
+    SubmitWriteBack(t, BlockId(), h, src, staging);
   }
   if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
 }

@@ -346,6 +346,10 @@ class KvManager {
   // Lower tier `from` evicted `h` (bytes `data`): writes it to the
   // write-back tiers below `from` that lack it, through a staging copy.
   void OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data);
+  // Queues a write-back of `h` (bytes `data`, from staging buffer `staging`
+  // or none) to lower tier `t`; counts it, and undoes the bookkeeping if the
+  // store refuses.
+  void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std::span<const uint8_t> data, int32_t staging);
   // A free staging buffer (allocating one under the bound, else polling the
   // stores once); -1 when none.
   // may_poll: poll the stores once when no buffer is free (not from inside
