@@ -66,7 +66,10 @@ Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, c
       if (t.store == stack->host.get()) {
         t.read_bytes_per_s = MeasureMemcpyRate(sample);
       } else if (t.store == stack->disk.get()) {
-        auto r = MeasureDirectReadRate(kv.disk_path, block_bytes, static_cast<int>(sample / block_bytes));
+        // The store pads each slot to whole 4 KiB pages for O_DIRECT; so does the probe.
+        const uint64_t io_bytes = (block_bytes + 4095) / 4096 * 4096;
+        auto r = MeasureDirectReadRate(kv.disk_path, io_bytes, static_cast<int>(sample / block_bytes));
+        if (r) *r *= static_cast<double>(block_bytes) / static_cast<double>(io_bytes);  // useful bytes/s
         if (r) {
           t.read_bytes_per_s = *r;
         } else {
@@ -75,10 +78,13 @@ Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, c
         }
       }
       char buf[160];
-      std::snprintf(buf, sizeof buf, "; %s %.2f GB/s (a block: load %.3f ms vs recompute %.3f ms)",
-                    std::string(t.store->name()).c_str(), t.read_bytes_per_s / 1e9,
-                    t.read_bytes_per_s > 0 ? 1e3 * static_cast<double>(block_bytes) / t.read_bytes_per_s : 0.0,
-                    block_compute_ms);
+      if (t.read_bytes_per_s > 0) {
+        std::snprintf(buf, sizeof buf, "; %s %.2f GB/s (a block: load %.3f ms vs recompute %.3f ms)",
+                      std::string(t.store->name()).c_str(), t.read_bytes_per_s / 1e9,
+                      1e3 * static_cast<double>(block_bytes) / t.read_bytes_per_s, block_compute_ms);
+      } else {
+        std::snprintf(buf, sizeof buf, "; %s rate unknown (hits are loaded)", std::string(t.store->name()).c_str());
+      }
       line += buf;
     }
     STRATA_LOG_INFO("{}", line);
