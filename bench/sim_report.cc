@@ -42,6 +42,7 @@ nlohmann::json Figures(const SimResult& r) {
   j["goodput_requests"] = r.goodput_requests;
   j["goodput_rps"] = r.goodput_rps;
   j["steps"] = r.steps;
+  j["busy_s"] = r.busy_s;
   j["preemptions"] = r.preemptions;
   nlohmann::json tiers = nlohmann::json::array();
   for (const SimTier& t : r.tiers) {
@@ -75,6 +76,7 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
   j["lost_to_overlap"] = o.serial ? nlohmann::json(nullptr) : nlohmann::json(r.lost_to_overlap);
   const InstanceConfig& ic = o.cluster.instance;
   j["options"] = {{"serial", o.serial},
+                  {"concurrency", o.concurrency},
                   {"unlimited_cache", o.unlimited_cache},
                   {"tokens_per_hash_id", o.tokens_per_hash_id},
                   {"time_scale", o.time_scale},
@@ -136,7 +138,8 @@ std::string SimReportText(const SimOptions& o, const SimResult& r, const std::st
   s += "cluster: " + std::to_string(o.cluster.instances) + " x " + ic.profile + " (" + ic.model + "), routing " +
        (o.cluster.routing == Routing::kRoundRobin ? "round-robin" : "longest-prefix") + ", device " +
        (o.unlimited_cache ? std::string("unlimited") : Gib(ic.device_bytes)) + ", host " + Gib(ic.host_bytes) +
-       ", disk " + Gib(ic.disk_bytes) + (o.serial ? ", serial" : "") + "\n";
+       ", disk " + Gib(ic.disk_bytes) + (o.serial ? ", serial" : "") +
+       (o.concurrency > 0 ? ", closed loop of " + std::to_string(o.concurrency) + " users" : "") + "\n";
   s += "requests: " + std::to_string(r.requests) + " finished, " + std::to_string(r.rejected) + " rejected, " +
        std::to_string(r.errors) + " errors, " + std::to_string(r.skipped_over_context) + " skipped (context), " +
        std::to_string(r.skipped_over_capacity) + " skipped (larger than a device pool)\n";

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "bench/report.h"  // Percentile: the same definition as live runs
@@ -122,6 +123,8 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   if (o.vocab_size <= o.first_id + 1 || o.first_id < 0) return Status::InvalidArgument("bad vocab_size / first_id");
   if (o.tokens_per_hash_id < 0) return Status::InvalidArgument("tokens_per_hash_id must be >= 0");
   if (!(o.time_scale >= 0)) return Status::InvalidArgument("time_scale must be >= 0");
+  if (o.concurrency < 0) return Status::InvalidArgument("concurrency must be >= 0");
+  if (o.concurrency > 0 && o.serial) return Status::InvalidArgument("give serial or concurrency, not both");
   const size_t n = o.max_requests > 0 ? std::min(trace.size(), static_cast<size_t>(o.max_requests)) : trace.size();
   const std::vector<TraceRequest> head(trace.begin(), trace.begin() + static_cast<std::ptrdiff_t>(n));
   const std::vector<uint32_t> ideal = IdealHitIdsPerRequest(head);
@@ -233,6 +236,13 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   size_t next = 0;
   bool serial_busy = false;
   int64_t serial_free_at = 0;
+  // Closed loop: when each of the `concurrency` users is free again. All
+  // start at the first request's timestamp.
+  std::multiset<int64_t> slots;
+  if (o.concurrency > 0) {
+    const int64_t start = n > 0 ? pend[0].release_ns : 0;
+    for (int k = 0; k < o.concurrency; ++k) slots.insert(start);
+  }
   size_t rr = 0;
   auto advance_to = [&](int64_t t) {
     const int64_t now = clock.NowNanos();
@@ -288,6 +298,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
       if (id.error().code() == StatusCode::kResourceExhausted) {
         rec.finish_reason = "rejected";
         ++res.rejected;
+        if (o.concurrency > 0) slots.insert(clock.NowNanos());  // the user moves on at once
         return Status::Ok();
       }
       return id.error().WithContext("simulate: request " + std::to_string(i));
@@ -323,6 +334,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
           serial_busy = false;
           serial_free_at = at;
         }
+        if (o.concurrency > 0) slots.insert(at);
       }
     }
     in.events.clear();
@@ -331,7 +343,9 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   while (true) {
     while (next < n && pend[next].skipped) ++next;
     int64_t t_arr = kNever;
-    if (next < n && !(o.serial && serial_busy)) {
+    if (o.concurrency > 0) {
+      if (next < n && !slots.empty()) t_arr = std::max(*slots.begin(), clock.NowNanos());
+    } else if (next < n && !(o.serial && serial_busy)) {
       t_arr = o.serial ? std::max(pend[next].release_ns, serial_free_at) : pend[next].release_ns;
       t_arr = std::max(t_arr, clock.NowNanos());
     }
@@ -342,6 +356,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     if (t_arr == kNever && t_inst == kNever) break;
     if (t_arr <= t_inst) {
       advance_to(t_arr);
+      if (o.concurrency > 0) slots.erase(slots.begin());
       STRATA_RETURN_IF_ERROR(release(next));
       ++next;
       continue;
@@ -351,6 +366,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     const int64_t now = clock.NowNanos();
     auto did = in.engine->Step();
     const double sec = in.runner->TakeSeconds();
+    res.busy_s += sec;
     const int64_t end = now + static_cast<int64_t>(std::llround(sec * 1e9));
     handle_events(in, end);
     in.free_at = end;

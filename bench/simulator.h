@@ -16,7 +16,8 @@
 // is busy until that time + the step's cost, when the step's tokens count as
 // produced. An instance waiting only on tier loads wakes at the load's
 // completion. --serial releases a request only when the previous finished
-// (at max(its timestamp, that finish)).
+// (at max(its timestamp, that finish)). --concurrency N releases the next
+// request whenever one of N slots is free (at the finish that freed it).
 //
 // hit_ratio_blocks: hash ids served from cache / all hash ids. An id is served
 // when every token of it lies in cached blocks at admission (and every id
@@ -48,6 +49,11 @@ struct SimOptions {
   // tiers. Metadata only, so it costs little memory.
   bool unlimited_cache = false;
   bool serial = false;
+  // Closed loop, as `strata bench run --concurrency N`: N users, each sends
+  // the next request in trace order as soon as its previous one finished
+  // (timestamps ignored). 0 = open loop at the trace's timestamps. Excludes
+  // `serial` (which keeps the timestamps).
+  int concurrency = 0;
   int tokens_per_hash_id = 0;  // 0 = real lengths (see ScaleRequest)
   double time_scale = 1.0;     // trace timestamps are multiplied by it
   int64_t max_requests = 0;    // the first N requests; 0 = all
@@ -105,6 +111,7 @@ struct SimResult {
   int64_t goodput_requests = 0;
   double goodput_rps = 0;  // requests meeting the SLOs / duration (all finished when none set)
   uint64_t steps = 0, preemptions = 0;
+  double busy_s = 0;  // sum of every step's cost over all instances (live: strata_engine_forward_seconds_total)
   std::vector<SimTier> tiers;  // device, host, disk (those configured), summed over instances
   double wall_seconds = 0;     // real time the simulation took
   std::vector<SimRequestRecord> records;

@@ -438,6 +438,7 @@ void Engine::AfterToken(Sequence& s, const float* logits) {
 }
 
 Result<bool> Engine::Step() {
+  const auto step_start = std::chrono::steady_clock::now();
   const size_t unfinished_before = seqs_.size();
   released_this_step_ = false;
   head_needs_blocks_ = false;
@@ -491,8 +492,19 @@ Result<bool> Engine::Step() {
     f.block_table = kv_->BlockTable(s.id);
     batch_.push_back(f);
   }
+  const auto forward_start = std::chrono::steady_clock::now();
   Status st = runner_->Forward(batch_, &logits_);
+  const auto forward_end = std::chrono::steady_clock::now();
   ++steps_;
+  forward_nanos_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(forward_end - forward_start).count());
+  for (const Planned& p : plan) {
+    if (p.tokens > 1) {
+      step_prefill_tokens_ += static_cast<uint64_t>(p.tokens);
+    } else {
+      ++step_decode_tokens_;
+    }
+  }
   if (!st.ok()) {
     STRATA_LOG_ERROR("engine: forward pass over {} sequences failed: {}", plan.size(), st.ToString());
     for (const Planned& p : plan) Finish(*p.seq, "error", st);
@@ -509,6 +521,8 @@ Result<bool> Engine::Step() {
     if (s.remaining() == 0) AfterToken(s, logits_.data() + i * vocab);
   }
   kv_->Poll();
+  step_nanos_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - step_start).count());
   RefreshStats();
   return true;
 }
@@ -517,6 +531,10 @@ void Engine::RefreshStats() {
   EngineStats st;
   st.num_running = static_cast<int>(running_.size());
   st.steps = steps_;
+  st.step_nanos = step_nanos_;
+  st.forward_nanos = forward_nanos_;
+  st.step_prefill_tokens = step_prefill_tokens_;
+  st.step_decode_tokens = step_decode_tokens_;
   st.preemptions = preemptions_;
   st.prompt_tokens = prompt_tokens_;
   st.generation_tokens = generation_tokens_;

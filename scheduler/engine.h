@@ -174,7 +174,15 @@ struct EngineStats {
   int num_running = 0;   // admitted (prefill, decode or loading)
   int num_waiting = 0;   // submitted, not yet admitted
   bool draining = false;
-  uint64_t steps = 0;
+  uint64_t steps = 0;  // forward passes
+  // Wall time of the steps that ran a forward pass (scheduling, the pass,
+  // sampling and events), and of the passes alone (StepRunner::Forward).
+  uint64_t step_nanos = 0;
+  uint64_t forward_nanos = 0;
+  // Tokens those passes computed: prompt chunks of 2+ tokens, and one-token
+  // entries (decode, or a prompt's last token), as the cost model counts them.
+  uint64_t step_prefill_tokens = 0;
+  uint64_t step_decode_tokens = 0;
   uint64_t preemptions = 0;
   uint64_t prompt_tokens = 0;      // of finished and running requests, counted at admission
   uint64_t generation_tokens = 0;
@@ -305,6 +313,7 @@ class Engine {
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   std::deque<Sequence*> waiting_;   // kept sorted by (priority, arrival order)
   std::vector<Sequence*> running_;  // admission order
+  uint64_t step_nanos_ = 0, forward_nanos_ = 0, step_prefill_tokens_ = 0, step_decode_tokens_ = 0;
   uint64_t steps_ = 0, preemptions_ = 0, prompt_tokens_ = 0, generation_tokens_ = 0;
   uint64_t prefetches_started_ = 0, prefetched_blocks_ = 0, prefetches_used_ = 0, prefetches_released_ = 0;
   int num_prefetching_ = 0;

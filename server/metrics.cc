@@ -119,6 +119,15 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
                      "Prompt tokens served from the KV cache, by the tier they came from.");
   preemptions_ = counter_family("strata_num_preemptions_total",
                                 "Running requests preempted for lack of blocks.");
+  engine_steps_ = counter_family("strata_engine_steps_total", "Engine steps that ran a forward pass.");
+  engine_step_seconds_ = counter_family(
+      "strata_engine_step_seconds_total",
+      "Wall time of engine steps that ran a forward pass (scheduling, the pass, sampling, events).");
+  engine_forward_seconds_ = counter_family("strata_engine_forward_seconds_total",
+                                           "Wall time of the forward passes alone.");
+  engine_step_tokens_ = counter_family(
+      "strata_engine_step_tokens_total",
+      "Tokens computed by forward passes: kind=prefill (prompt chunks of 2+ tokens), kind=decode (one-token entries).");
   rejected_ = counter_family("strata_requests_rejected_total",
                              "Submissions refused because the waiting queue was full.");
   device_evictions_ =
@@ -286,6 +295,11 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
     SetDelta(*cache_queries_, "queries", {}, static_cast<double>(s.kv.query_tokens));
     SetDelta(*cache_hits_, "hits", {{"tier", "device"}}, static_cast<double>(s.kv.device.tokens));
     SetDelta(*preemptions_, "preemptions", {}, static_cast<double>(s.preemptions));
+    SetDelta(*engine_steps_, "steps", {}, static_cast<double>(s.steps));
+    SetDelta(*engine_step_seconds_, "step_seconds", {}, Seconds(s.step_nanos));
+    SetDelta(*engine_forward_seconds_, "forward_seconds", {}, Seconds(s.forward_nanos));
+    SetDelta(*engine_step_tokens_, "step_tokens", {{"kind", "prefill"}}, static_cast<double>(s.step_prefill_tokens));
+    SetDelta(*engine_step_tokens_, "step_tokens", {{"kind", "decode"}}, static_cast<double>(s.step_decode_tokens));
     SetDelta(*rejected_, "rejected", {}, static_cast<double>(s.rejected_queue_full));
     SetDelta(*device_evictions_, "evictions", {}, static_cast<double>(s.kv.device_pool.evictions));
     for (const auto& t : s.kv.tiers) {

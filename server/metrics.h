@@ -123,6 +123,10 @@ class ServerMetrics final : public RequestObserver {
   prometheus::Family<prometheus::Counter>* cache_queries_ = nullptr;
   prometheus::Family<prometheus::Counter>* cache_hits_ = nullptr;  // {tier}
   prometheus::Family<prometheus::Counter>* preemptions_ = nullptr;
+  prometheus::Family<prometheus::Counter>* engine_steps_ = nullptr;
+  prometheus::Family<prometheus::Counter>* engine_step_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* engine_forward_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* engine_step_tokens_ = nullptr;
   prometheus::Family<prometheus::Counter>* rejected_ = nullptr;
   prometheus::Family<prometheus::Counter>* device_evictions_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_written_ = nullptr;        // {tier}

@@ -304,6 +304,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
 
   AddRun(bench, exit_code);
   RegisterBenchSimulate(bench, exit_code);
+  RegisterBenchCalibrate(bench, exit_code);
   RegisterBenchKvcache(bench, exit_code);
 }
 

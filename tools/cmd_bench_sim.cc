@@ -1,6 +1,9 @@
 // strata bench simulate: a cluster replaying a trace in virtual time
 // (bench/simulator.h; issue "strata bench"; docs/simulator.md).
+// strata bench calibrate: the simulator's cost model fitted to this
+// machine's forward passes (bench/calibrate.h).
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -9,11 +12,14 @@
 #include <tuple>
 #include <vector>
 
+#include "bench/calibrate.h"
 #include "bench/cost_model.h"
 #include "bench/simulator.h"
 #include "bench/trace.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/thread_pool.h"
+#include "model/model_loader.h"
 #include "tools/commands.h"
 
 namespace strata::cli {
@@ -25,6 +31,7 @@ struct SimFlags {
   std::string profile;
   bool unlimited_cache = false;
   bool serial = false;
+  int concurrency = 0;
   int tokens_per_hash_id = 0;
   double time_scale = 1.0;
   int64_t max_requests = 0;
@@ -129,6 +136,7 @@ int RunSimulate(const SimFlags& f) {
   if (f.disk_admit_after >= 0) o.cluster.instance.disk_admit_after = static_cast<uint32_t>(f.disk_admit_after);
   o.unlimited_cache = f.unlimited_cache;
   o.serial = f.serial;
+  o.concurrency = f.concurrency;
   o.tokens_per_hash_id = f.tokens_per_hash_id;
   o.time_scale = f.time_scale;
   o.max_requests = f.max_requests;
@@ -198,7 +206,85 @@ int RunSimulate(const SimFlags& f) {
   return 0;
 }
 
+struct CalibrateFlags {
+  std::string model;
+  int threads = 0;
+  std::string kv_dtype = "f16";
+  int kv_block_size = 16;
+  std::vector<int> prefill = {32, 128, 512, 2048};
+  std::vector<int> batches = {1, 4, 16};
+  std::vector<int> contexts = {128, 512};
+  int iterations = 5;
+  std::string out;
+};
+
+int RunCalibrate(const CalibrateFlags& f) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "strata bench calibrate: %s\n", s.ToString().c_str());
+    return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  auto kv_dtype = DTypeFromName(f.kv_dtype);
+  if (!kv_dtype) return fail(Status::InvalidArgument("unknown --kv-dtype '" + f.kv_dtype + "'"));
+  auto loaded = LoadModel(f.model);
+  if (!loaded) return fail(loaded.error());
+  ThreadPool pool(f.threads);
+  bench::CalibrateOptions o;
+  o.prefill_tokens = f.prefill;
+  o.decode_batches = f.batches;
+  o.decode_contexts = f.contexts;
+  o.iterations = f.iterations;
+  o.kv_dtype = *kv_dtype;
+  o.kv_block_size = f.kv_block_size;
+  auto c = bench::Calibrate((*loaded)->weights, o, &pool);
+  if (!c) return fail(c.error());
+  const std::string json = bench::CalibrationJson(*c, f.model, pool.num_threads());
+  if (!f.out.empty()) {
+    std::FILE* fp = std::fopen(f.out.c_str(), "w");
+    if (fp == nullptr) return fail(Status::IoError("cannot create", f.out, errno));
+    const bool ok = std::fputs(json.c_str(), fp) >= 0 && std::fputc('\n', fp) != EOF;
+    const int err = errno;
+    if (std::fclose(fp) != 0 || !ok) return fail(Status::IoError("cannot write", f.out, ok ? errno : err));
+  }
+  std::printf("%s\n", json.c_str());
+  std::fprintf(stderr, "cost model: a %.3g b %.3g c %.3g d %.3g e %.3g f %.3g (largest fit error: prefill %.1f%%, decode %.1f%%)\n",
+               c->model.a, c->model.b, c->model.c, c->model.d, c->model.e, c->model.f,
+               100 * c->prefill_max_rel_error, 100 * c->decode_max_rel_error);
+  return 0;
+}
+
 }  // namespace
+
+void RegisterBenchCalibrate(CLI::App* bench, int* exit_code) {
+  auto f = std::make_shared<CalibrateFlags>();
+  CLI::App* cal = bench->add_subcommand(
+      "calibrate", "fit the simulator's step cost model to this machine's prefill and decode times (cost.calibrated)");
+  cal->add_option("--model", f->model, "GGUF file or Hugging Face directory")->required();
+  cal->add_option("--threads", f->threads, "compute threads (0 = all hardware threads), as the server will use")
+      ->check(CLI::Range(0, 1024));
+  cal->add_option("--kv-dtype", f->kv_dtype, "KV cache element type")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->capture_default_str();
+  cal->add_option("--kv-block-size", f->kv_block_size, "KV block size in tokens")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cal->add_option("--prefill", f->prefill, "prompt lengths to time, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  cal->add_option("--batches", f->batches, "decode batch sizes, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cal->add_option("--contexts", f->contexts, "decode contexts (tokens in the KV), comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cal->add_option("--iterations", f->iterations, "timed runs per point (median)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cal->add_option("--out", f->out, "also write the JSON here (the cluster file's cost.calibrated)");
+  cal->callback([f, exit_code] { *exit_code = RunCalibrate(*f); });
+}
 
 void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
   auto f = std::make_shared<SimFlags>();
@@ -217,6 +303,10 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
   sim->add_option("--disk-bytes", f->disk_bytes, "override each instance's disk tier (0 = none)");
   sim->add_flag("--unlimited-cache", f->unlimited_cache, "device pools that never evict (no lower tiers)");
   sim->add_flag("--serial", f->serial, "one request at a time in trace order");
+  sim->add_option("--concurrency", f->concurrency,
+                  "closed loop of N users, as `bench run --concurrency N` (timestamps ignored; 0 = open loop)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->excludes("--serial");
   sim->add_option("--tokens-per-hash-id", f->tokens_per_hash_id,
                   "tokens per hash id (0 = real lengths, 512 per id); output lengths scale by N/512")
       ->check(CLI::Range(0, 1 << 16))

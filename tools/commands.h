@@ -19,6 +19,7 @@ void RegisterModel(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
 // `strata bench simulate` (tools/cmd_bench_sim.cc), added under `bench`.
 void RegisterBenchSimulate(CLI::App* bench, int* exit_code);
+void RegisterBenchCalibrate(CLI::App* bench, int* exit_code);
 // `strata bench kvcache` (tools/cmd_bench_kv.cc): tier move, disk and TTFT benchmarks.
 void RegisterBenchKvcache(CLI::App* bench, int* exit_code);
 void RegisterServe(CLI::App& app, int* exit_code);

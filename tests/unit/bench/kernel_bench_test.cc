@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/calibrate.h"
 #include "bench/machine_limits.h"
 #include "model/synth.h"
 
@@ -149,6 +150,80 @@ TEST(MachineLimits, MeasuresPositiveLimitsWithThePoolsThreads) {
   EXPECT_FALSE(l->simd.empty());
   o.buffer_bytes = 1024;
   EXPECT_EQ(MeasureMachineLimits(&pool, o).error().code(), StatusCode::kInvalidArgument);
+}
+
+// The fit recovers known coefficients from exact points, keeps every
+// coefficient non-negative, and rejects points without a time.
+TEST(Calibrate, FitRecoversKnownCoefficientsAndStaysNonNegative) {
+  const CostModel truth{0.002, 3e-3, 4e-7, 0.015, 0.01, 2e-6};
+  std::vector<PrefillPoint> pre;
+  for (int t : {32, 128, 512}) pre.push_back({t, truth.a + truth.b * t + truth.c * t * t / 2.0});
+  std::vector<DecodePoint> dec;
+  for (int b : {1, 4, 16})
+    for (int ctx : {128, 512}) dec.push_back({b, ctx, truth.d + truth.e * b + truth.f * b * (ctx + 1.0)});
+  auto fit = FitCostModel(pre, dec);
+  ASSERT_TRUE(fit.ok()) << fit.error().message();
+  EXPECT_NEAR(fit->model.a, truth.a, 1e-9);
+  EXPECT_NEAR(fit->model.b, truth.b, 1e-9);
+  EXPECT_NEAR(fit->model.c, truth.c, 1e-12);
+  EXPECT_NEAR(fit->model.d, truth.d, 1e-9);
+  EXPECT_NEAR(fit->model.e, truth.e, 1e-9);
+  EXPECT_NEAR(fit->model.f, truth.f, 1e-12);
+  EXPECT_LT(fit->prefill_max_rel_error, 1e-9);
+  EXPECT_LT(fit->decode_max_rel_error, 1e-9);
+  // The fitted model prices a step as the simulator will.
+  std::vector<int32_t> prompt(100, 1), one(1, 1);
+  std::vector<ForwardSeq> batch(1);
+  batch[0].tokens = prompt;
+  EXPECT_NEAR(fit->model.StepSeconds(batch), truth.StepSeconds(batch), 1e-9);
+  batch.assign(2, ForwardSeq{});
+  batch[0].tokens = one;
+  batch[0].start_pos = 300;
+  batch[1].tokens = one;
+  batch[1].start_pos = 40;
+  EXPECT_NEAR(fit->model.StepSeconds(batch), truth.StepSeconds(batch), 1e-9);
+
+  // Times that fall with length would need a negative slope: the fit clamps it.
+  auto clamped = FitCostModel({{32, 0.5}, {128, 0.4}, {512, 0.3}}, {{1, 128, 0.01}, {4, 128, 0.02}});
+  ASSERT_TRUE(clamped.ok());
+  for (double v : {clamped->model.a, clamped->model.b, clamped->model.c, clamped->model.d, clamped->model.e,
+                   clamped->model.f})
+    EXPECT_GE(v, 0.0);
+  EXPECT_GT(clamped->prefill_max_rel_error, 0.0);
+
+  EXPECT_EQ(FitCostModel({{32, 0.0}}, dec).error().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(FitCostModel(pre, {}).error().code(), StatusCode::kInvalidArgument);
+}
+
+// On a real (small) model: positive per-token costs, and the JSON reads back
+// through the cluster file's loader.
+TEST(Calibrate, TimesARealModelAndWritesALoadableCostFile) {
+  ModelWeights w = SmallWeights();
+  ThreadPool pool(2);
+  CalibrateOptions o;
+  o.prefill_tokens = {8, 32};
+  o.decode_batches = {1, 4};
+  o.decode_contexts = {8, 24};
+  o.iterations = 1;
+  auto c = Calibrate(w, o, &pool);
+  ASSERT_TRUE(c.ok()) << c.error().message();
+  EXPECT_EQ(c->prefill.size(), 2u);
+  EXPECT_EQ(c->decode.size(), 4u);
+  EXPECT_GT(c->model.b + c->model.a, 0.0);
+  EXPECT_GT(c->model.d + c->model.e, 0.0);
+  const std::string path = ::testing::TempDir() + "/calibrated_costs.json";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(CalibrationJson(*c, "small", 2).c_str(), f);
+    std::fclose(f);
+  }
+  auto back = LoadCostModel(path);
+  ASSERT_TRUE(back.ok()) << back.error().message();
+  EXPECT_DOUBLE_EQ(back->b, c->model.b);
+  EXPECT_DOUBLE_EQ(back->f, c->model.f);
+  o.decode_contexts = {64};  // + the decoded token is past the context
+  EXPECT_EQ(Calibrate(w, o, &pool).error().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -185,6 +185,50 @@ TEST(SimulatorTest, TimingFollowsTheCostModel) {
   EXPECT_EQ(slo->goodput_rps, 0.0);
 }
 
+TEST(SimulatorTest, ClosedLoopKeepsAtMostNInFlightAndIgnoresTimestamps) {
+  // The first 120 requests, timestamps spread over minutes; a closed loop of
+  // 3 users starts each request when a user's previous one finished.
+  std::vector<TraceRequest> head(SharedTrace().begin(), SharedTrace().begin() + 120);
+  SimOptions o = OneBlockPerId();
+  o.concurrency = 3;
+  o.cluster.instance.max_num_seqs = 64;
+  o.cluster.instance.cost = CostModel{0, 1e-4, 0, 1e-3, 1e-4, 0};  // ~0.05 s per prompt here
+  auto r = Simulate(head, o);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  std::vector<std::pair<double, int>> edges;  // (time, +1 at arrival / -1 at finish)
+  int run = 0;
+  for (const SimRequestRecord& rec : r->records) {
+    if (rec.finish_reason == "skipped") continue;
+    ASSERT_GE(rec.finish_s, rec.arrival_s);
+    edges.emplace_back(rec.arrival_s, +1);
+    edges.emplace_back(rec.finish_s, -1);
+    ++run;
+  }
+  ASSERT_GT(run, 100);
+  std::sort(edges.begin(), edges.end());  // a finish sorts before an arrival at the same time
+  int in_flight = 0, most = 0;
+  for (auto [t, d] : edges) most = std::max(most, in_flight += d);
+  EXPECT_EQ(most, 3);
+  // Released on finishes, not at timestamps: the run ends long before the
+  // 120th timestamp (about 34 s in).
+  EXPECT_LT(r->duration_s, static_cast<double>(head.back().timestamp_ms) * 1e-3 / 2);
+
+  // One user with timestamps scaled to 0 is --serial at time scale 0.
+  o.concurrency = 1;
+  auto one = Simulate(head, o);
+  o.concurrency = 0;
+  o.serial = true;
+  o.time_scale = 0;
+  auto serial = Simulate(head, o);
+  ASSERT_TRUE(one.ok() && serial.ok());
+  EXPECT_EQ(one->served_ids, serial->served_ids);
+  EXPECT_DOUBLE_EQ(one->ttft_p50_s, serial->ttft_p50_s);
+  EXPECT_DOUBLE_EQ(one->duration_s, serial->duration_s);
+  // Both at once is an error.
+  o.concurrency = 2;
+  EXPECT_FALSE(Simulate(head, o).ok());
+}
+
 TEST(SimulatorTest, StepCostFormula) {
   const CostModel m{1, 2, 3, 10, 20, 30};
   std::vector<int32_t> chunk(4, 7), one(1, 7);

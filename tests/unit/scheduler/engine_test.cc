@@ -152,7 +152,17 @@ TEST_F(EngineTest, BatchedChunkedRequestsMatchEachAlone) {
     EXPECT_EQ(c[i].tokens, refs[i].tokens) << "request " << i;
     EXPECT_EQ(c[i].text, refs[i].text) << "request " << i;
   }
-  EXPECT_GT(engine_->Stats().steps, 12u);
+  const EngineStats st = engine_->Stats();
+  EXPECT_GT(st.steps, 12u);
+  // Every prompt token and every generated token but the last of each
+  // request went through a forward pass exactly once (nothing was cached:
+  // prompts differ from the first block), split by the cost model's kinds.
+  uint64_t expected = 0;
+  for (const auto& p : prompts_) expected += p.size() + 12 - 1;
+  EXPECT_EQ(st.step_prefill_tokens + st.step_decode_tokens, expected);
+  EXPECT_GE(st.step_decode_tokens, prompts_.size() * 11);
+  EXPECT_GT(st.forward_nanos, 0u);
+  EXPECT_GE(st.step_nanos, st.forward_nanos);
 }
 
 TEST_F(EngineTest, RepeatedPromptHitsDevicePrefix) {
