@@ -90,5 +90,48 @@ TEST(BenchCli, KernelsMissingModelIsAClearError) {
   EXPECT_NE(r.err.find("/nonexistent/model.gguf"), std::string::npos) << r.err;
 }
 
+// `bench calibrate` writes a cost file a cluster file can name, and
+// `bench simulate` runs a closed loop with it (the two halves of
+// bench/sim_vs_live.sh).
+TEST(BenchCli, CalibrateFeedsTheSimulator) {
+  const std::string dir = testing::MakeTempDir("bench_cli_cal");
+  auto r = RunCommand(Cli("bench calibrate --model " + ShellQuote(TinyModel()) +
+                          " --threads 2 --prefill 8,32 --batches 1,2 --contexts 8,16 --iterations 1 --out " +
+                          ShellQuote(dir + "/costs.json") + " --log-level warn"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const char* k : {"a", "b", "c", "d", "e", "f"}) {
+    ASSERT_TRUE(j[k].is_number()) << k;
+    EXPECT_GE(j[k].get<double>(), 0) << k;
+  }
+  EXPECT_EQ(j["points"]["prefill"].size(), 2u);
+  EXPECT_EQ(j["points"]["decode"].size(), 4u);
+  {
+    std::FILE* f = std::fopen((dir + "/cluster.yaml").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("instances: 1\ninstance:\n  model: bench-110m\n  cost:\n    calibrated: costs.json\n", f);
+    std::fclose(f);
+  }
+  auto s = RunCommand(Cli("bench simulate --trace " + ShellQuote(testing::SharedDir() + "/traces/synthetic_trace.jsonl") +
+                          " --cluster " + ShellQuote(dir + "/cluster.yaml") +
+                          " --tokens-per-hash-id 16 --max-requests 30 --concurrency 2 --json"));
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  nlohmann::json sim = nlohmann::json::parse(s.out);
+  EXPECT_EQ(sim["requests"], 30);
+  EXPECT_EQ(sim["options"]["concurrency"], 2);
+  EXPECT_GT(sim["busy_s"].get<double>(), 0);
+  EXPECT_GT(sim["ttft_p50_s"].get<double>(), 0);
+
+  // Bad input: a length past the model's context, --serial with --concurrency.
+  auto bad = RunCommand(Cli("bench calibrate --model " + ShellQuote(TinyModel()) +
+                            " --prefill 100000 --iterations 1 --log-level warn"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("strata bench calibrate"), std::string::npos) << bad.err;
+  auto both = RunCommand(Cli("bench simulate --trace " +
+                             ShellQuote(testing::SharedDir() + "/traces/synthetic_trace.jsonl") +
+                             " --serial --concurrency 2 --max-requests 5"));
+  EXPECT_NE(both.exit_code, 0);
+}
+
 }  // namespace
 }  // namespace strata
