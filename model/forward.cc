@@ -113,17 +113,25 @@ void ForwardEngine::Attention(int layer, std::span<const ForwardSeq> batch, cons
   const size_t head_bytes = static_cast<size_t>(hd) * layout_.elem_bytes();
   const DType kvt = layout_.dtype;
 
-  // One task per (token, KV head): the query heads of a group share K/V rows.
-  pool_->Run(T * c.n_kv_heads, [&](int task) {
-    const int t = task / c.n_kv_heads;
-    const int g = task % c.n_kv_heads;
+  // With enough tokens for every thread, one task per token over all its KV
+  // heads: the kernel then reads each block front to back (attention.h).
+  // Otherwise one task per (token, KV head), so one token still spreads over
+  // the threads. The query heads of a group share K/V rows either way.
+  const int heads_per_task = T >= 2 * pool_->num_threads() ? c.n_kv_heads : 1;
+  const int tasks_per_token = c.n_kv_heads / heads_per_task;
+  pool_->Run(T * tasks_per_token, [&](int task) {
+    const int t = task / tasks_per_token;
+    const int g = (task % tasks_per_token) * heads_per_task;
     const ForwardSeq& seq = batch[seq_of_token[t]];
     const int n_ctx = pos_of_token[t] + 1;
     thread_local std::vector<float> scores;
-    if (static_cast<int>(scores.size()) < n_ctx * group) scores.resize(static_cast<size_t>(n_ctx) * group);
+    const size_t need = static_cast<size_t>(n_ctx) * group * heads_per_task;
+    if (scores.size() < need) scores.resize(need);
     cpu::AttnArgs a;
     a.q = q_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group) * hd;
     a.group = group;
+    a.kv_heads = heads_per_task;
+    a.kv_head_bytes = head_bytes;
     a.head_dim = hd;
     a.n_ctx = n_ctx;
     a.kv_base = kv_.get();

@@ -10,7 +10,30 @@
 
 namespace strata::cpu {
 
+namespace {
+
+// One call per KV head of a multi-head call.
+template <class Fn>
+void PerHead(const AttnArgs& a, Fn&& fn) {
+  const size_t heads_elems = static_cast<size_t>(a.group) * static_cast<size_t>(a.head_dim);
+  for (int i = 0; i < a.kv_heads; ++i) {
+    AttnArgs one = a;
+    one.kv_heads = 1;
+    one.q = a.q + static_cast<size_t>(i) * heads_elems;
+    one.out = a.out + static_cast<size_t>(i) * heads_elems;
+    one.k_offset = a.k_offset + static_cast<size_t>(i) * a.kv_head_bytes;
+    one.v_offset = a.v_offset + static_cast<size_t>(i) * a.kv_head_bytes;
+    fn(one);
+  }
+}
+
+}  // namespace
+
 void AttendReference(const AttnArgs& a) {
+  if (a.kv_heads > 1) {
+    PerHead(a, [](const AttnArgs& one) { AttendReference(one); });
+    return;
+  }
   const int n = a.n_ctx;
   const int hd = a.head_dim;
   for (int j = 0; j < n; ++j) {
@@ -32,6 +55,7 @@ void AttendReference(const AttnArgs& a) {
     }
   }
 }
+
 
 void Attend(const AttnArgs& a) {
   if (ActiveSimdLevel() == SimdLevel::kAvx512) {

@@ -13,6 +13,14 @@
 // carry no calls and no type switches (the old per-row DotKv/AxpyKv calls
 // through the dispatcher were ~45% of prefill and decode time).
 //
+// Several KV heads per call (AttnArgs::kv_heads): the pool stores a
+// position's heads side by side (kv_layout.h), so one head's rows are a whole
+// row apart and a per-head walk reads 128 of every 1,536 bytes (bench-110m):
+// at batch 32 that ran at about a third of the streaming bandwidth. Walking a
+// position's heads together reads the blocks front to back. Results are
+// bitwise the same as one call per head (the same operations in the same
+// order per head).
+//
 // Thread safety: pure function of its arguments; callers run many at once
 // on disjoint outputs and scores.
 
@@ -39,8 +47,16 @@ struct AttnArgs {
   size_t row_bytes = 0;  // bytes between consecutive positions in a block
   DType kv_type = DType::kF16;  // f32, f16 or bf16
   float scale = 1.0f;
-  float* out = nullptr;     // group × head_dim floats, overwritten
-  float* scores = nullptr;  // scratch, >= group × n_ctx floats
+  float* out = nullptr;     // kv_heads × group × head_dim floats, overwritten
+  float* scores = nullptr;  // scratch, >= kv_heads × group × n_ctx floats
+  // Consecutive KV heads this call covers (1 = one head group, as above).
+  // KV head i's K row of position j is the one above + i × kv_head_bytes (V
+  // likewise); its query heads are q + (i × group + h) × head_dim, its
+  // outputs out + (i × group + h) × head_dim. With several, the AVX-512
+  // kernel walks positions in the outer loop and the heads inside, so it
+  // reads each position's heads as one contiguous run (see attention.h top).
+  int kv_heads = 1;
+  size_t kv_head_bytes = 0;
 };
 
 // REQUIRES: n_ctx >= 1, head_dim >= 1, group >= 1, kv_type a KV type

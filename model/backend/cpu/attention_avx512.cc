@@ -17,6 +17,7 @@
 #include <array>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "model/backend/cpu/attention.h"
 #include "model/backend/cpu/kernels_internal.h"
@@ -111,11 +112,130 @@ STRATA_AVX512 void AttendT(const AttnArgs& a) {
   }
 }
 
+// The horizontal sums of 16 vectors x[p] (16 floats apart), as one vector:
+// out[p] = _mm512_reduce_add_ps(x[p]) bit for bit. GCC's reduce adds
+// element i to i + 8, then i to i + 4 (i < 4), then i to i + 2, then 0 to 1;
+// each step below makes the same pairs for several positions at once.
+STRATA_AVX512 inline __m512 Reduce16(const float* x) {
+  __m512 r[8];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {  // lanes (128-bit): p0 i|i+8 for i<4, i<8; p1 the same
+    const __m512 a = _mm512_loadu_ps(x + 32 * k), b = _mm512_loadu_ps(x + 32 * k + 16);
+    r[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  __m512 s[4];
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m)  // lane L: position 4m + L, its 4 sums of i and i + 4
+    s[m] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * m], r[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(r[2 * m], r[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // Lane L: [pos L: 0+2, pos 4+L: 0+2, pos L: 1+3, pos 4+L: 1+3] (u0), 8+L and 12+L (u1).
+  const __m512 u0 = _mm512_add_ps(_mm512_unpacklo_ps(s[0], s[1]), _mm512_unpackhi_ps(s[0], s[1]));
+  const __m512 u1 = _mm512_add_ps(_mm512_unpacklo_ps(s[2], s[3]), _mm512_unpackhi_ps(s[2], s[3]));
+  // Lane L: positions L, 4 + L, 8 + L, 12 + L: element 4L + e is position L + 4e.
+  const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(u0), _mm512_castps_pd(u1));
+  const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(u0), _mm512_castps_pd(u1));
+  const __m512 w = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, w);
+}
+
+// Several KV heads (a.kv_heads > 1), walked position-major: for each
+// position every head's K (then V) row, so the blocks are read front to back
+// (attention.h). The queries (scaled) and the outputs live in L1, not
+// registers: per position the kernel waits on 2 × kv_heads × head_bytes of
+// KV from memory, next to which the extra loads and stores are free. Per
+// head the operations and their order are AttendT's, so the results are
+// bitwise equal.
+template <DType T, int NV>
+STRATA_AVX512 void AttendWideT(const AttnArgs& a) {
+  const int n = a.n_ctx;
+  const int bs = a.block_size;
+  const int hd = a.head_dim;
+  const int heads = a.kv_heads * a.group;
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  thread_local std::vector<float> qs;
+  if (qs.size() < static_cast<size_t>(heads) * hd) qs.resize(static_cast<size_t>(heads) * hd);
+  for (int h = 0; h < heads; ++h) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      const size_t at = static_cast<size_t>(h) * hd + 16 * v;
+      _mm512_storeu_ps(qs.data() + at, _mm512_mul_ps(_mm512_loadu_ps(a.q + at), scale));
+    }
+  }
+  // Pass 1: scores. A position's products per head are summed to one vector
+  // and parked in L1 (acc, 16 positions x heads); every 16 positions each
+  // head's 16 vectors are reduced together (Reduce16), which costs a quarter
+  // of 16 separate horizontal adds and sums in the same pairs.
+  thread_local std::vector<float> acc;
+  if (acc.size() < static_cast<size_t>(heads) * 256) acc.resize(static_cast<size_t>(heads) * 256);
+  for (int j0 = 0, blk = 0; j0 < n; j0 += bs, ++blk) {
+    const uint8_t* kb = a.kv_base + static_cast<size_t>(a.block_table[blk]) * a.block_bytes + a.k_offset;
+    const int m = std::min(bs, n - j0);
+    for (int s0 = 0; s0 < m; s0 += 16) {
+      const int c = std::min(16, m - s0);
+      for (int s = s0; s < s0 + c; ++s) {
+        const uint8_t* row = kb + static_cast<size_t>(s) * a.row_bytes;
+        for (int i = 0; i < a.kv_heads; ++i) {
+          __m512 k[NV];
+#pragma GCC unroll 16
+          for (int v = 0; v < NV; ++v) k[v] = LoadRow<T>(row + static_cast<size_t>(i) * a.kv_head_bytes, v);
+          for (int g = 0; g < a.group; ++g) {
+            const int h = i * a.group + g;
+            const float* q = qs.data() + static_cast<size_t>(h) * hd;
+            __m512 d = _mm512_mul_ps(_mm512_loadu_ps(q), k[0]);
+#pragma GCC unroll 16
+            for (int v = 1; v < NV; ++v) d = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * v), k[v], d);
+            _mm512_storeu_ps(acc.data() + (static_cast<size_t>(h) * 16 + (s - s0)) * 16, d);
+          }
+        }
+      }
+      for (int h = 0; h < heads; ++h) {
+        float* out = a.scores + static_cast<size_t>(h) * n + j0 + s0;
+        const float* in = acc.data() + static_cast<size_t>(h) * 256;
+        if (c == 16) {
+          _mm512_storeu_ps(out, Reduce16(in));
+        } else {
+          for (int p = 0; p < c; ++p) out[p] = _mm512_reduce_add_ps(_mm512_loadu_ps(in + 16 * p));
+        }
+      }
+    }
+  }
+  const auto softmax = Avx512ElemKernels().softmax;
+  for (int h = 0; h < heads; ++h) softmax(a.scores + static_cast<size_t>(h) * n, n);
+  // Pass 2: out = sum_j p_j v_j, accumulated in place.
+  std::fill(a.out, a.out + static_cast<size_t>(heads) * hd, 0.0f);
+  for (int j0 = 0, blk = 0; j0 < n; j0 += bs, ++blk) {
+    const uint8_t* vb = a.kv_base + static_cast<size_t>(a.block_table[blk]) * a.block_bytes + a.v_offset;
+    const int m = std::min(bs, n - j0);
+    for (int s = 0; s < m; ++s) {
+      const uint8_t* row = vb + static_cast<size_t>(s) * a.row_bytes;
+      for (int i = 0; i < a.kv_heads; ++i) {
+        __m512 vv[NV];
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) vv[v] = LoadRow<T>(row + static_cast<size_t>(i) * a.kv_head_bytes, v);
+        for (int g = 0; g < a.group; ++g) {
+          const int h = i * a.group + g;
+          const __m512 p = _mm512_set1_ps(a.scores[static_cast<size_t>(h) * n + j0 + s]);
+          float* o = a.out + static_cast<size_t>(h) * hd;
+#pragma GCC unroll 16
+          for (int v = 0; v < NV; ++v)
+            _mm512_storeu_ps(o + 16 * v, _mm512_fmadd_ps(p, vv[v], _mm512_loadu_ps(o + 16 * v)));
+        }
+      }
+    }
+  }
+}
+
 using AttendFn = void (*)(const AttnArgs&);
 
 template <DType T, int... NVs>
 constexpr auto MakeTable(std::integer_sequence<int, NVs...>) {
   return std::array<AttendFn, sizeof...(NVs)>{&AttendT<T, NVs + 1>...};
+}
+template <DType T, int... NVs>
+constexpr auto MakeWideTable(std::integer_sequence<int, NVs...>) {
+  return std::array<AttendFn, sizeof...(NVs)>{&AttendWideT<T, NVs + 1>...};
 }
 
 }  // namespace
@@ -125,6 +245,22 @@ void AttendAvx512(const AttnArgs& a) {
   if (a.head_dim % 16 != 0 || nv < 1 || nv > 16) {
     AttendReference(a);
     return;
+  }
+  if (a.kv_heads > 1) {
+    static constexpr auto kWideF32 = MakeWideTable<DType::kF32>(std::make_integer_sequence<int, 16>{});
+    static constexpr auto kWideF16 = MakeWideTable<DType::kF16>(std::make_integer_sequence<int, 16>{});
+    static constexpr auto kWideBF16 = MakeWideTable<DType::kBF16>(std::make_integer_sequence<int, 16>{});
+    switch (a.kv_type) {
+      case DType::kF32:
+        return kWideF32[static_cast<size_t>(nv - 1)](a);
+      case DType::kF16:
+        return kWideF16[static_cast<size_t>(nv - 1)](a);
+      case DType::kBF16:
+        return kWideBF16[static_cast<size_t>(nv - 1)](a);
+      default:
+        AttendReference(a);
+        return;
+    }
   }
   static constexpr auto kF32 = MakeTable<DType::kF32>(std::make_integer_sequence<int, 16>{});
   static constexpr auto kF16 = MakeTable<DType::kF16>(std::make_integer_sequence<int, 16>{});

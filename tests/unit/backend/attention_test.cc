@@ -143,7 +143,8 @@ std::vector<Shape> Shapes() {
         v.push_back({hd, group, 2, 37, 16, kv});
       }
     }
-    for (int n : {1, 15, 16, 17, 300}) v.push_back({64, 2, 3, n, 16, kv});
+    for (int n : {1, 15, 16, 17, 31, 33, 300}) v.push_back({64, 2, 3, n, 16, kv});
+    v.push_back({64, 1, 12, 100, 32, kv});  // bench-110m's heads, blocks of 32 (two reduce chunks each)
     v.push_back({64, 4, 1, 50, 1, kv});
     v.push_back({64, 1, 1, 50, 7, kv});
   }
@@ -178,6 +179,46 @@ TEST_P(AttendTest, EveryPathMatchesDoublePrecision) {
   } else {
     GTEST_SKIP() << "CPU lacks AVX-512: only the scalar/AVX2 paths were checked";
   }
+}
+
+// All KV heads in one call (AttnArgs::kv_heads, the position-major kernel)
+// gives bitwise what one call per head gives, at every level; its scores
+// reduce 16 positions at a time, so contexts around multiples of 16 and odd
+// block sizes are the interesting shapes.
+TEST_P(AttendTest, AllHeadsInOneCallEqualOneCallPerHead) {
+  const Shape s = GetParam();
+  Fixture f(s, 99u + static_cast<uint32_t>(s.head_dim + s.n_ctx));
+  const int heads = s.n_kv_heads * s.group;
+  const size_t hd = static_cast<size_t>(s.head_dim);
+  std::vector<float> q(static_cast<size_t>(heads) * hd);
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (float& x : q) x = u(gen);
+  std::vector<float> scores(static_cast<size_t>(heads * s.n_ctx));
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (level > DetectedSimdLevel()) continue;
+    SetSimdLevelOverride(level);
+    std::vector<float> all(q.size(), NAN), each(q.size(), NAN);
+    AttnArgs a = f.Args(all.data(), scores.data());
+    a.q = q.data();
+    a.k_offset -= static_cast<size_t>(f.g) * hd * f.elem;  // from head 0
+    a.v_offset -= static_cast<size_t>(f.g) * hd * f.elem;
+    a.kv_heads = s.n_kv_heads;
+    a.kv_head_bytes = hd * f.elem;
+    Attend(a);
+    for (int i = 0; i < s.n_kv_heads; ++i) {
+      AttnArgs one = a;
+      one.kv_heads = 1;
+      one.q = q.data() + static_cast<size_t>(i * s.group) * hd;
+      one.out = each.data() + static_cast<size_t>(i * s.group) * hd;
+      one.k_offset = a.k_offset + static_cast<size_t>(i) * a.kv_head_bytes;
+      one.v_offset = a.v_offset + static_cast<size_t>(i) * a.kv_head_bytes;
+      Attend(one);
+    }
+    EXPECT_EQ(std::memcmp(all.data(), each.data(), all.size() * sizeof(float)), 0) << SimdLevelName(level);
+    for (float x : all) ASSERT_TRUE(std::isfinite(x)) << SimdLevelName(level);
+  }
+  SetSimdLevelOverride(std::nullopt);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttendTest, ::testing::ValuesIn(Shapes()),
