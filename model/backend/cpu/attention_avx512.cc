@@ -140,6 +140,14 @@ STRATA_AVX512 inline __m512 Reduce16(const float* x) {
   return _mm512_permutexvar_ps(order, w);
 }
 
+// Prefetches [p, p + bytes) into L2. The position-major walk prefetches the
+// same row of the next block (one block ahead: blocks are scattered, so the
+// hardware cannot run ahead across them).
+STRATA_AVX512 inline void PrefetchSpan(const uint8_t* p, size_t bytes) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T1);
+}
+
 // Several KV heads (a.kv_heads > 1), walked position-major: for each
 // position every head's K (then V) row, so the blocks are read front to back
 // (attention.h). The queries (scaled) and the outputs live in L1, not
@@ -153,6 +161,9 @@ STRATA_AVX512 void AttendWideT(const AttnArgs& a) {
   const int bs = a.block_size;
   const int hd = a.head_dim;
   const int heads = a.kv_heads * a.group;
+  // Bytes of a position's rows this call reads (its heads side by side).
+  const size_t span = static_cast<size_t>(a.kv_heads - 1) * a.kv_head_bytes + static_cast<size_t>(NV) * 16 *
+                      (T == DType::kF32 ? 4 : 2);
   const __m512 scale = _mm512_set1_ps(a.scale);
   thread_local std::vector<float> qs;
   if (qs.size() < static_cast<size_t>(heads) * hd) qs.resize(static_cast<size_t>(heads) * hd);
@@ -172,10 +183,13 @@ STRATA_AVX512 void AttendWideT(const AttnArgs& a) {
   for (int j0 = 0, blk = 0; j0 < n; j0 += bs, ++blk) {
     const uint8_t* kb = a.kv_base + static_cast<size_t>(a.block_table[blk]) * a.block_bytes + a.k_offset;
     const int m = std::min(bs, n - j0);
+    const uint8_t* kn = j0 + bs < n ? a.kv_base + static_cast<size_t>(a.block_table[blk + 1]) * a.block_bytes + a.k_offset
+                                    : nullptr;
     for (int s0 = 0; s0 < m; s0 += 16) {
       const int c = std::min(16, m - s0);
       for (int s = s0; s < s0 + c; ++s) {
         const uint8_t* row = kb + static_cast<size_t>(s) * a.row_bytes;
+        if (kn != nullptr) PrefetchSpan(kn + static_cast<size_t>(s) * a.row_bytes, span);
         for (int i = 0; i < a.kv_heads; ++i) {
           __m512 k[NV];
 #pragma GCC unroll 16
@@ -207,9 +221,12 @@ STRATA_AVX512 void AttendWideT(const AttnArgs& a) {
   std::fill(a.out, a.out + static_cast<size_t>(heads) * hd, 0.0f);
   for (int j0 = 0, blk = 0; j0 < n; j0 += bs, ++blk) {
     const uint8_t* vb = a.kv_base + static_cast<size_t>(a.block_table[blk]) * a.block_bytes + a.v_offset;
+    const uint8_t* vn = j0 + bs < n ? a.kv_base + static_cast<size_t>(a.block_table[blk + 1]) * a.block_bytes + a.v_offset
+                                    : nullptr;
     const int m = std::min(bs, n - j0);
     for (int s = 0; s < m; ++s) {
       const uint8_t* row = vb + static_cast<size_t>(s) * a.row_bytes;
+      if (vn != nullptr) PrefetchSpan(vn + static_cast<size_t>(s) * a.row_bytes, span);
       for (int i = 0; i < a.kv_heads; ++i) {
         __m512 vv[NV];
 #pragma GCC unroll 16
