@@ -245,15 +245,37 @@ STRATA_AVX512 void AttendWideT(const AttnArgs& a) {
 }
 
 using AttendFn = void (*)(const AttnArgs&);
+using Table = std::array<AttendFn, 16>;  // by NV - 1
 
-template <DType T, int... NVs>
-constexpr auto MakeTable(std::integer_sequence<int, NVs...>) {
-  return std::array<AttendFn, sizeof...(NVs)>{&AttendT<T, NVs + 1>...};
+template <DType T, bool kWide, int... NVs>
+constexpr Table MakeTable(std::integer_sequence<int, NVs...>) {
+  if constexpr (kWide) {
+    return Table{&AttendWideT<T, NVs + 1>...};
+  } else {
+    return Table{&AttendT<T, NVs + 1>...};
+  }
 }
-template <DType T, int... NVs>
-constexpr auto MakeWideTable(std::integer_sequence<int, NVs...>) {
-  return std::array<AttendFn, sizeof...(NVs)>{&AttendWideT<T, NVs + 1>...};
-}
+
+// The kernels of one walk (per head group, or all heads position-major), per KV type.
+template <bool kWide>
+struct Tables {
+  static constexpr Table kF32 = MakeTable<DType::kF32, kWide>(std::make_integer_sequence<int, 16>{});
+  static constexpr Table kF16 = MakeTable<DType::kF16, kWide>(std::make_integer_sequence<int, 16>{});
+  static constexpr Table kBF16 = MakeTable<DType::kBF16, kWide>(std::make_integer_sequence<int, 16>{});
+  static AttendFn Pick(DType t, int nv) {
+    const size_t i = static_cast<size_t>(nv - 1);
+    switch (t) {
+      case DType::kF32:
+        return kF32[i];
+      case DType::kF16:
+        return kF16[i];
+      case DType::kBF16:
+        return kBF16[i];
+      default:
+        return nullptr;
+    }
+  }
+};
 
 }  // namespace
 
@@ -263,35 +285,12 @@ void AttendAvx512(const AttnArgs& a) {
     AttendReference(a);
     return;
   }
-  if (a.kv_heads > 1) {
-    static constexpr auto kWideF32 = MakeWideTable<DType::kF32>(std::make_integer_sequence<int, 16>{});
-    static constexpr auto kWideF16 = MakeWideTable<DType::kF16>(std::make_integer_sequence<int, 16>{});
-    static constexpr auto kWideBF16 = MakeWideTable<DType::kBF16>(std::make_integer_sequence<int, 16>{});
-    switch (a.kv_type) {
-      case DType::kF32:
-        return kWideF32[static_cast<size_t>(nv - 1)](a);
-      case DType::kF16:
-        return kWideF16[static_cast<size_t>(nv - 1)](a);
-      case DType::kBF16:
-        return kWideBF16[static_cast<size_t>(nv - 1)](a);
-      default:
-        AttendReference(a);
-        return;
-    }
+  const AttendFn fn = a.kv_heads > 1 ? Tables<true>::Pick(a.kv_type, nv) : Tables<false>::Pick(a.kv_type, nv);
+  if (fn == nullptr) {
+    AttendReference(a);
+    return;
   }
-  static constexpr auto kF32 = MakeTable<DType::kF32>(std::make_integer_sequence<int, 16>{});
-  static constexpr auto kF16 = MakeTable<DType::kF16>(std::make_integer_sequence<int, 16>{});
-  static constexpr auto kBF16 = MakeTable<DType::kBF16>(std::make_integer_sequence<int, 16>{});
-  switch (a.kv_type) {
-    case DType::kF32:
-      return kF32[static_cast<size_t>(nv - 1)](a);
-    case DType::kF16:
-      return kF16[static_cast<size_t>(nv - 1)](a);
-    case DType::kBF16:
-      return kBF16[static_cast<size_t>(nv - 1)](a);
-    default:
-      AttendReference(a);
-  }
+  fn(a);
 }
 
 }  // namespace strata::cpu::internal
