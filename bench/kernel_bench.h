@@ -82,7 +82,10 @@ struct PrefillResult {
 };
 
 struct KernelBenchReport {
-  MachineLimits limits;
+  MachineLimits limits;  // what the shares are computed from
+  // Each measurement the limits were taken from, in order (empty when the
+  // caller passed one set of limits and never re-measured).
+  std::vector<MachineLimits> limits_measured;
   ModelCost cost;
   std::string weight_type;  // type of the largest matrices ("f32", "q8_0", ...)
   std::string kv_type;
@@ -101,6 +104,11 @@ struct KernelBenchReport {
 // (checked: InvalidArgument). Errors of the forward pass are returned as is.
 Result<KernelBenchReport> RunKernelBench(const ModelWeights& w, const KernelBenchOptions& options,
                                          const MachineLimits& limits, ThreadPool* pool);
+
+// Sets r->limits and recomputes every share from it (the figures' times,
+// bytes and flops stay). `strata bench kernels` measures the limits again
+// after the figures and applies the stronger of the two measurements.
+void ApplyLimits(KernelBenchReport* r, const MachineLimits& limits);
 
 // Exactly one JSON object (issue "CPU backend speed" schema, plus "model").
 std::string ReportJson(const KernelBenchReport& r);

@@ -249,4 +249,11 @@ Result<MachineLimits> MeasureMachineLimits(ThreadPool* pool, const LimitsOptions
   return out;
 }
 
+MachineLimits Stronger(const MachineLimits& a, const MachineLimits& b) {
+  MachineLimits out = a;
+  out.read_bandwidth_gbs = std::max(a.read_bandwidth_gbs, b.read_bandwidth_gbs);
+  out.fma_peak_gflops = std::max(a.fma_peak_gflops, b.fma_peak_gflops);
+  return out;
+}
+
 }  // namespace strata::bench

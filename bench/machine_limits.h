@@ -38,4 +38,11 @@ struct LimitsOptions {
 // Fails with ResourceExhausted when the buffer cannot be allocated.
 Result<MachineLimits> MeasureMachineLimits(ThreadPool* pool, const LimitsOptions& options = {});
 
+// The higher bandwidth and the higher FMA peak of two measurements with the
+// same threads. On a shared machine a measurement can only come out low (a
+// neighbour takes bandwidth or shares a core), never high, so the maximum of
+// two taken at different times is the better estimate of the limit, and
+// shares computed from it are the conservative ones.
+MachineLimits Stronger(const MachineLimits& a, const MachineLimits& b);
+
 }  // namespace strata::bench

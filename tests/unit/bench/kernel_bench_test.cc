@@ -120,6 +120,50 @@ TEST(KernelBench, RunsEveryFigureWithTheFormulas) {
   EXPECT_FALSE(ReportTable(*r).empty());
 }
 
+// Re-applying stronger limits (as `strata bench kernels` does with its
+// second measurement) recomputes every share from the same times, and the
+// JSON lists each measurement.
+TEST(KernelBench, StrongerLimitsRecomputeEveryShare) {
+  ModelWeights w = SmallWeights();
+  ThreadPool pool(1);
+  MachineLimits before;
+  before.read_bandwidth_gbs = 20;
+  before.fma_peak_gflops = 100;
+  before.threads = 1;
+  KernelBenchOptions o;
+  o.context = 16;
+  o.batches = {1, 4};
+  o.prefill = 8;
+  o.iterations = 1;
+  auto r = RunKernelBench(w, o, before, &pool);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  const KernelBenchReport first = *r;
+
+  MachineLimits after = before;
+  after.read_bandwidth_gbs = 40;  // higher bandwidth, lower FMA peak
+  after.fma_peak_gflops = 50;
+  const MachineLimits best = Stronger(before, after);
+  EXPECT_DOUBLE_EQ(best.read_bandwidth_gbs, 40);
+  EXPECT_DOUBLE_EQ(best.fma_peak_gflops, 100);
+  EXPECT_EQ(best.threads, 1);
+
+  r->limits_measured = {before, after};
+  ApplyLimits(&*r, best);
+  for (size_t i = 0; i < r->decode.size(); ++i) {
+    const DecodeResult& d = r->decode[i];
+    EXPECT_DOUBLE_EQ(d.step_seconds, first.decode[i].step_seconds);
+    EXPECT_DOUBLE_EQ(d.roofline_seconds, RooflineSeconds(d.bytes_per_step, d.flops_per_step, best));
+    EXPECT_DOUBLE_EQ(d.share_of_roofline, d.roofline_seconds / d.step_seconds);
+    EXPECT_LE(d.share_of_roofline, first.decode[i].share_of_roofline);  // more bandwidth: less credit
+  }
+  EXPECT_DOUBLE_EQ(r->prefill.share_of_fma_peak, first.prefill.share_of_fma_peak);  // same peak
+  nlohmann::json j = nlohmann::json::parse(ReportJson(*r));
+  ASSERT_EQ(j["limits"]["measured"].size(), 2u);
+  EXPECT_DOUBLE_EQ(j["limits"]["measured"][1]["read_bandwidth_gbs"].get<double>(), 40);
+  EXPECT_DOUBLE_EQ(j["limits"]["read_bandwidth_gbs"].get<double>(), 40);
+  EXPECT_NE(ReportTable(*r).find("measured before and after"), std::string::npos);
+}
+
 TEST(KernelBench, RejectsShapesPastTheContext) {
   ModelWeights w = SmallWeights();
   ThreadPool pool(1);
