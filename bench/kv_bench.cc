@@ -483,6 +483,16 @@ Result<TtftResult> MeasureTtft(const TtftSetup& s, const TtftOptions& o) {
     for (size_t k = 0; k < tiers.size(); ++k) {
       const int tier = tiers[k];
       if (tier != kvcache::kDeviceTier) {
+        // Write-backs of the last request must land first: a device block
+        // stays referenced (and Flush leaves it) while one reads it.
+        const auto t0 = WallClock::now();
+        while (kv.ops_in_flight() > 0) {
+          if (SecondsSince(t0) > 60)
+            return Status::Internal(std::to_string(kv.ops_in_flight()) +
+                                    " lower-tier operations still in flight after 60 s; cannot flush the tiers above " +
+                                    std::string(kv.tier_name(tier)));
+          if (kv.Poll() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
         // Device flushed; for disk also every lower tier above it.
         std::vector<bool> lower(kv.num_lower_tiers(), false);
         for (int i = 0; i < tier - 1; ++i) lower[static_cast<size_t>(i)] = true;

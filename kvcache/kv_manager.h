@@ -252,6 +252,10 @@ class KvManager {
   // "device" for kDeviceTier, else the lower tier's store name.
   std::string_view tier_name(int tier) const;
   size_t num_lower_tiers() const { return lowers_.size(); }
+  // Lower-tier operations (loads and writes) submitted and not yet handled
+  // by Poll(). A device block stays referenced, and so out of the reach of
+  // Flush(), while a write-back from it is in flight.
+  size_t ops_in_flight() const { return ops_.size(); }
   // Lower tier i's store (for usage figures; its stats() is safe to read
   // from the engine thread).
   const BlockStore& lower_store(size_t i) const { return *lowers_[i].store; }
