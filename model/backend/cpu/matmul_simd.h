@@ -35,19 +35,22 @@ float ReduceAdd8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// All eight 6-bit scales (out[0..8)) and mins (out[8..16)) of a Q4_K/Q5_K
-// block at once, as UnpackScaleMinK4 gives them one by one.
-void UnpackAllScaleMinK4(const uint8_t packed[12], uint8_t out[16]) {
+// All eight 6-bit scales and mins of a Q4_K/Q5_K block at once, as
+// UnpackScaleMinK4 gives them one by one: scales 0..7 in the bytes of *sc,
+// mins in *m. In 64-bit registers, not memory: the kernels move them into a
+// vector with vmovq, where a 16-byte store read back as two 8-byte loads
+// cannot be store-forwarded (each load spans two 4-byte stores) and stalled
+// every block.
+inline void UnpackAllScaleMinK4(const uint8_t packed[12], uint64_t* sc, uint64_t* m) {
   constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
   uint32_t w[3];
   __builtin_memcpy(w, packed, 12);
-  const uint32_t r[4] = {
-      w[0] & kLow6,                                          // sc 0..3
-      (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4),         // sc 4..7
-      w[1] & kLow6,                                          // m 0..3
-      ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4),  // m 4..7
-  };
-  __builtin_memcpy(out, r, 16);
+  const uint32_t sc_lo = w[0] & kLow6;                                          // sc 0..3
+  const uint32_t sc_hi = (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4);         // sc 4..7
+  const uint32_t m_lo = w[1] & kLow6;                                           // m 0..3
+  const uint32_t m_hi = ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4);   // m 4..7
+  *sc = static_cast<uint64_t>(sc_hi) << 32 | sc_lo;
+  *m = static_cast<uint64_t>(m_hi) << 32 | m_lo;
 }
 
 // ---- Block decoders: call emit(k, offset, w) for every kLanes-vector of
@@ -204,15 +207,13 @@ struct DecScaleMinK {
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const auto* b = reinterpret_cast<const Block*>(row) + blk;
       const float* xb = x + blk * kQK_K;
-      alignas(16) uint8_t scm[16];
-      UnpackAllScaleMinK4(b->scales, scm);
+      uint64_t sc8, m8;
+      UnpackAllScaleMinK4(b->scales, &sc8, &m8);
       alignas(32) float dsc[8];
-      const __m256 sc = _mm256_cvtepi32_ps(
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scm))));
+      const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc8))));
       const __m256 dscv = _mm256_mul_ps(sc, _mm256_set1_ps(V::HalfToFloat(b->d) * kFactor));
       _mm256_store_ps(dsc, dscv);
-      const __m256 m = _mm256_cvtepi32_ps(
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scm + 8))));
+      const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(m8))));
       // Per sub-block coefficient of xsum_j: kFactor kOffset d sc_j + dmin m_j.
       __m256 coef = _mm256_mul_ps(m, _mm256_set1_ps(V::HalfToFloat(b->dmin)));
       if constexpr (!kFive) coef = _mm256_add_ps(coef, dscv);
