@@ -85,6 +85,9 @@ class ForwardEngine {
   std::vector<LayerF32> layer_f32_;
   // Activations, sized for the largest batch seen.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
+  // Attention split over position ranges (few tokens, long contexts): each
+  // range's outputs and log-sum-exps, merged per token.
+  std::vector<float> part_out_, part_lse_;
 };
 
 }  // namespace strata

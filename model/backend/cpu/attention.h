@@ -57,6 +57,11 @@ struct AttnArgs {
   // reads each position's heads as one contiguous run (see attention.h top).
   int kv_heads = 1;
   size_t kv_head_bytes = 0;
+  // Optional, kv_heads × group floats in the order of `out`'s heads: each
+  // query head's log Σ_j exp(score_j) over the scaled scores. With it, calls
+  // over disjoint position ranges (block_table and n_ctx of a range starting
+  // on a block boundary) combine exactly into the whole: MergeAttention.
+  float* lse = nullptr;
 };
 
 // REQUIRES: n_ctx >= 1, head_dim >= 1, group >= 1, kv_type a KV type
@@ -68,7 +73,20 @@ void Attend(const AttnArgs& a);
 // SIMD level (the pre-kernel behaviour), for tests and odd shapes.
 void AttendReference(const AttnArgs& a);
 
+// Attention over a context split into `parts` position ranges, from the
+// range results: out_p (parts × heads × head_dim floats, part p at
+// out_p + p × heads × head_dim) and lse_p (parts × heads, AttnArgs::lse).
+// out[h] = Σ_p exp(lse_p[h] - L_h) out_p[h], L_h = log Σ_p exp(lse_p[h]):
+// the softmax over every position, as one call over the whole context would
+// give up to float rounding. REQUIRES: parts >= 1.
+void MergeAttention(const float* out_p, const float* lse_p, int parts, int heads, int head_dim, float* out);
+
 namespace internal {
+// Softmax of each of `rows` rows of n floats in place with `softmax`; when
+// lse is set, lse[r] = log Σ exp(row r) (its max minus the log of the
+// softmax value at the max, which is 1 / Σ exp(x - max)).
+void SoftmaxRows(void (*softmax)(float*, int), float* rows_data, int rows, int n, float* lse);
+
 // The AVX-512 kernel; only call when the CPU has AVX-512 (tests compare it
 // with AttendReference). Shapes it does not specialise fall back to
 // AttendReference.

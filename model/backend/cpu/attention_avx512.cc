@@ -78,7 +78,7 @@ STRATA_AVX512 void AttendT(const AttnArgs& a) {
         }
       }
     }
-    for (int h = 0; h < hc; ++h) softmax(sc + static_cast<size_t>(h) * n, n);
+    SoftmaxRows(softmax, sc, hc, n, a.lse == nullptr ? nullptr : a.lse + h0);
     // Pass 2: out = sum_j p_j v_j.
     __m512 o[HC][NV];
 #pragma GCC unroll 16
@@ -216,7 +216,7 @@ STRATA_AVX512 void AttendWideT(const AttnArgs& a) {
     }
   }
   const auto softmax = Avx512ElemKernels().softmax;
-  for (int h = 0; h < heads; ++h) softmax(a.scores + static_cast<size_t>(h) * n, n);
+  SoftmaxRows(softmax, a.scores, heads, n, a.lse);
   // Pass 2: out = sum_j p_j v_j, accumulated in place.
   std::fill(a.out, a.out + static_cast<size_t>(heads) * hd, 0.0f);
   for (int j0 = 0, blk = 0; j0 < n; j0 += bs, ++blk) {

@@ -221,6 +221,106 @@ TEST_P(AttendTest, AllHeadsInOneCallEqualOneCallPerHead) {
   SetSimdLevelOverride(std::nullopt);
 }
 
+// A context split at block boundaries into 1 to 3 ranges, each range's
+// call (all KV heads at once, and one head group alone) with lse set, merged
+// by MergeAttention: the same attention as the double reference over the
+// whole context, and lse equal to the double log-sum-exp of the scores.
+TEST_P(AttendTest, RangesMergeIntoTheWholeContext) {
+  const Shape s = GetParam();
+  const int blocks = (s.n_ctx + s.block_size - 1) / s.block_size;
+  Fixture f(s, 5u + static_cast<uint32_t>(s.head_dim * 7 + s.n_ctx));
+  const std::vector<double> want = f.Reference();
+  // The double log-sum-exp of head h's scaled scores (head g's group).
+  std::vector<double> want_lse(static_cast<size_t>(s.group));
+  for (int h = 0; h < s.group; ++h) {
+    std::vector<double> sc(static_cast<size_t>(s.n_ctx));
+    double mx = -1e300;
+    for (int j = 0; j < s.n_ctx; ++j) {
+      double d = 0;
+      for (int i = 0; i < s.head_dim; ++i)
+        d += static_cast<double>(f.q[static_cast<size_t>(h * s.head_dim + i)]) * f.k[j][i];
+      sc[j] = d / std::sqrt(static_cast<double>(s.head_dim));
+      mx = std::max(mx, sc[j]);
+    }
+    double sum = 0;
+    for (double x : sc) sum += std::exp(x - mx);
+    want_lse[h] = mx + std::log(sum);
+  }
+  const size_t hd = static_cast<size_t>(s.head_dim);
+  for (int parts : {1, 2, 3}) {
+    if (parts > blocks) continue;  // one range (the whole context) always runs
+    for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+      if (level > DetectedSimdLevel()) continue;
+      SetSimdLevelOverride(level);
+      for (bool wide : {false, true}) {
+        // wide: all KV heads in one call (position-major kernel); the result
+        // for head g's group is then taken from its slot.
+        const int kvh = wide ? s.n_kv_heads : 1;
+        const int heads = kvh * s.group;
+        std::vector<float> q(static_cast<size_t>(heads) * hd);
+        for (int i = 0; i < kvh; ++i) {
+          const int src_group = wide ? (i == f.g ? 0 : -1) : 0;
+          for (size_t e = 0; e < static_cast<size_t>(s.group) * hd; ++e)
+            q[static_cast<size_t>(i * s.group) * hd + e] = src_group == 0 ? f.q[e] : 0.25f;
+        }
+        std::vector<float> out_p(static_cast<size_t>(parts * heads) * hd, NAN), lse_p(static_cast<size_t>(parts * heads), NAN);
+        std::vector<float> scores(static_cast<size_t>(heads * s.n_ctx));
+        for (int p = 0; p < parts; ++p) {
+          const int b0 = blocks * p / parts, b1 = blocks * (p + 1) / parts;
+          AttnArgs a = f.Args(out_p.data() + static_cast<size_t>(p * heads) * hd, scores.data());
+          a.q = q.data();
+          if (wide) {
+            a.k_offset -= static_cast<size_t>(f.g) * hd * f.elem;
+            a.v_offset -= static_cast<size_t>(f.g) * hd * f.elem;
+            a.kv_heads = s.n_kv_heads;
+            a.kv_head_bytes = hd * f.elem;
+          }
+          a.block_table = f.table.data() + b0;
+          a.n_ctx = std::min(s.n_ctx, b1 * s.block_size) - b0 * s.block_size;
+          a.lse = lse_p.data() + static_cast<size_t>(p * heads);
+          Attend(a);
+        }
+        std::vector<float> merged(static_cast<size_t>(heads) * hd, NAN);
+        MergeAttention(out_p.data(), lse_p.data(), parts, heads, s.head_dim, merged.data());
+        const int slot = wide ? f.g : 0;
+        std::vector<float> mine(merged.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(slot * s.group) * hd),
+                                merged.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>((slot + 1) * s.group) * hd));
+        const std::string what = std::string(SimdLevelName(level)) + (wide ? " wide" : " one group") +
+                                 " parts=" + std::to_string(parts);
+        EXPECT_LE(Error(mine, want), 2e-5) << what;
+        // Whole-context lse: log Σ_p exp(lse_p), against the double one.
+        for (int h = 0; h < s.group; ++h) {
+          double acc = 0;
+          for (int p = 0; p < parts; ++p)
+            acc += std::exp(static_cast<double>(lse_p[static_cast<size_t>(p * heads + slot * s.group + h)]) - want_lse[h]);
+          EXPECT_NEAR(std::log(acc), 0.0, 1e-5) << what << " head " << h;
+        }
+      }
+    }
+  }
+  SetSimdLevelOverride(std::nullopt);
+}
+
+// Two ranges with very different score scales (one range's scores far below
+// the other's): the merge weights must come from the log-sum-exps, not from
+// a plain average of the range outputs.
+TEST(MergeAttention, WeightsRangesBySoftmaxMass) {
+  const int hd = 2;
+  // Range 0 holds essentially all the mass (lse 10), range 1 almost none.
+  const std::vector<float> out_p = {1.0f, 2.0f, -5.0f, 7.0f};
+  const std::vector<float> lse_p = {10.0f, -20.0f};
+  std::vector<float> out(2);
+  MergeAttention(out_p.data(), lse_p.data(), 2, 1, hd, out.data());
+  const double w1 = std::exp(-30.0) / (1 + std::exp(-30.0));
+  EXPECT_NEAR(out[0], 1.0 * (1 - w1) + -5.0 * w1, 1e-6);
+  EXPECT_NEAR(out[1], 2.0 * (1 - w1) + 7.0 * w1, 1e-6);
+  // Equal mass: the plain average.
+  const std::vector<float> even = {3.0f, 3.0f};
+  MergeAttention(out_p.data(), even.data(), 2, 1, hd, out.data());
+  EXPECT_FLOAT_EQ(out[0], -2.0f);
+  EXPECT_FLOAT_EQ(out[1], 4.5f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, AttendTest, ::testing::ValuesIn(Shapes()),
                          [](const auto& info) { return Name(info.param); });
 
