@@ -307,45 +307,56 @@ void KvManager::ReleaseStaging(int32_t staging) {
   if (--staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
 }
 
+bool KvManager::AdmitsWriteBack(size_t t, const BlockHash& h) {
+  const LowerTier& tier = lowers_[t];
+  if (tier.write_policy != WritePolicy::kWriteBack) return false;
+  if (writes_in_flight_[t].contains(h) || tier.store->Contains(h)) return false;
+  if (tier.admit_after > 0) {
+    auto hc = hit_counts_.find(h);
+    if (hc == hit_counts_.end() || hc->second < tier.admit_after) {
+      ++stats_.tiers[t].admissions_deferred;
+      return false;
+    }
+  }
+  return true;
+}
+
+bool KvManager::StageOnce(size_t t, int32_t* staging, std::span<const uint8_t> src, bool may_poll) {
+  if (*staging >= 0) return true;
+  *staging = AcquireStaging(may_poll);
+  if (*staging < 0) {
+    ++stats_.tiers[t].writebacks_dropped;
+    return false;
+  }
+  std::memcpy(staging_[static_cast<size_t>(*staging)].get(), src.data(),
+              std::min<size_t>(src.size(), static_cast<size_t>(options_.block_bytes)));
+  return true;
+}
+
+void KvManager::FreeIfUnused(int32_t staging) {
+  if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
+}
+
 void KvManager::WriteBackEvicted() {
   if (evicted_.empty()) return;
   // Moved out first: PollStores below may complete loads whose promotions
   // allocate nothing, but keep this loop independent of evicted_ anyway.
   std::vector<std::pair<BlockId, BlockHash>> evicted;
   evicted.swap(evicted_);
+  const size_t block_bytes = static_cast<size_t>(options_.block_bytes);
   for (const auto& [block, h] : evicted) {
     int32_t staging = -1;
-    bool copied = false;
     for (size_t t = 0; t < lowers_.size(); ++t) {
-      const LowerTier& tier = lowers_[t];
-      if (tier.write_policy != WritePolicy::kWriteBack) continue;
-      BlockStore* store = tier.store;
-      if (writes_in_flight_[t].contains(h) || store->Contains(h)) continue;
-      if (tier.admit_after > 0) {
-        auto hc = hit_counts_.find(h);
-        if (hc == hit_counts_.end() || hc->second < tier.admit_after) {
-          ++stats_.tiers[t].admissions_deferred;
-          continue;
-        }
-      }
+      if (!AdmitsWriteBack(t, h)) continue;
       std::span<const uint8_t> data;
       if (memory_) {
-        if (!copied) {
-          staging = AcquireStaging();
-          if (staging < 0) {
-            ++stats_.tiers[t].writebacks_dropped;
-            continue;
-          }
-          std::memcpy(staging_[static_cast<size_t>(staging)].get(), memory_(block),
-                      static_cast<size_t>(options_.block_bytes));
-          copied = true;
-        }
-        data = {staging_[static_cast<size_t>(staging)].get(), static_cast<size_t>(options_.block_bytes)};
+        if (!StageOnce(t, &staging, {static_cast<const uint8_t*>(memory_(block)), block_bytes}, /*may_poll=*/true))
+          continue;
+        data = {staging_[static_cast<size_t>(staging)].get(), block_bytes};
       }
       SubmitWriteBack(t, block, h, data, staging);
     }
-    // A buffer taken but not used by any write (all submissions failed).
-    if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
+    FreeIfUnused(staging);  // taken, but every submission failed
   }
 }
 
@@ -373,35 +384,19 @@ void KvManager::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std
 }
 
 void KvManager::OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data) {
+  const size_t block_bytes = static_cast<size_t>(options_.block_bytes);
   int32_t staging = -1;
   for (size_t t = from + 1; t < lowers_.size(); ++t) {
-    const LowerTier& tier = lowers_[t];
-    if (tier.write_policy != WritePolicy::kWriteBack) continue;
-    if (writes_in_flight_[t].contains(h) || tier.store->Contains(h)) continue;
-    if (tier.admit_after > 0) {
-      auto hc = hit_counts_.find(h);
-      if (hc == hit_counts_.end() || hc->second < tier.admit_after) {
-        ++stats_.tiers[t].admissions_deferred;
-        continue;
-      }
-    }
+    if (!AdmitsWriteBack(t, h)) continue;
     std::span<const uint8_t> src;
     if (!data.empty()) {
-      if (staging < 0) {
-        // Called from inside the evicting store: no polling here.
-        staging = AcquireStaging(/*may_poll=*/false);
-        if (staging < 0) {
-          ++stats_.tiers[t].writebacks_dropped;
-          continue;
-        }
-        std::memcpy(staging_[static_cast<size_t>(staging)].get(), data.data(),
-                    std::min<size_t>(data.size(), static_cast<size_t>(options_.block_bytes)));
-      }
-      src = {staging_[static_cast<size_t>(staging)].get(), static_cast<size_t>(options_.block_bytes)};
+      // Called from inside the evicting store: no polling here.
+      if (!StageOnce(t, &staging, data, /*may_poll=*/false)) continue;
+      src = {staging_[static_cast<size_t>(staging)].get(), block_bytes};
     }
     SubmitWriteBack(t, BlockId(), h, src, staging);
   }
-  if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
+  FreeIfUnused(staging);
 }
 
 void KvManager::SubmitWrite(int tier, BlockId block, const BlockHash& h) {

@@ -354,6 +354,17 @@ class KvManager {
   // or none) to lower tier `t`; counts it, and undoes the bookkeeping if the
   // store refuses.
   void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std::span<const uint8_t> data, int32_t staging);
+  // Whether lower tier `t` takes a write-back of `h` now: a write-back tier
+  // that neither holds `h` nor has a write of it in flight, and (admit_after)
+  // has seen enough hits of it; a deferral is counted.
+  bool AdmitsWriteBack(size_t t, const BlockHash& h);
+  // The staging copy shared by one block's write-backs: on first use takes a
+  // buffer (-1 in *staging until then) and copies `src` (block_bytes at
+  // most) into it. false, with tier `t`'s dropped write-back counted, when
+  // no buffer is free.
+  bool StageOnce(size_t t, int32_t* staging, std::span<const uint8_t> src, bool may_poll);
+  // Returns a buffer StageOnce took if no submitted write holds it.
+  void FreeIfUnused(int32_t staging);
   // A free staging buffer (allocating one under the bound, else polling the
   // stores once); -1 when none.
   // may_poll: poll the stores once when no buffer is free (not from inside
