@@ -88,7 +88,7 @@ HostStore::~HostStore() {
 
 void HostStore::MaybePin(const HostStoreOptions& options, uint64_t bytes) {
   if (!options.pin) {
-    pin_status_ = "not pinned: turned off (HostStoreOptions::pin)";
+    pin_status_ = "not pinned: turned off (kv.host_pin / --kv-host-pin false)";
     return;
   }
   const CudaHostApi api = CudaHost(options.cudart_library);

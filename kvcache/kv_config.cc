@@ -46,7 +46,7 @@ const std::vector<std::string>& KvConfigKeys() {
   static const std::vector<std::string> keys = {
       "kv.block_size", "kv.dtype",      "kv.device_bytes",     "kv.host_bytes",
       "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy",
-      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests"};
+      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin"};
   return keys;
 }
 
@@ -158,6 +158,11 @@ Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConf
     STRATA_RETURN_IF_ERROR(CheckPrefetch(o + "kv.prefetch_max_requests", *v));
     c.prefetch_max_requests = static_cast<int>(*v);
   }
+  if (cfg.Has("kv.host_pin")) {
+    auto v = cfg.GetBool("kv.host_pin", c.host_pin);
+    if (!v) return named(v.error(), "kv.host_pin");
+    c.host_pin = *v;
+  }
   return c;
 }
 
@@ -214,6 +219,16 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
     STRATA_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, value));
     STRATA_RETURN_IF_ERROR(CheckPrefetch(flag, v));
     c->prefetch_max_requests = static_cast<int>(v);
+    return Status::Ok();
+  }
+  if (flag == "--kv-host-pin") {
+    if (text == "true") {
+      c->host_pin = true;
+    } else if (text == "false") {
+      c->host_pin = false;
+    } else {
+      return Bad(flag, "must be true or false, not '" + text + "'");
+    }
     return Status::Ok();
   }
   return Status::InvalidArgument("unknown kv flag " + std::string(flag));

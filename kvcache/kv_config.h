@@ -34,6 +34,11 @@ struct KvCacheConfig {
   // that may load their lower-tier prefix before admission (0 = off); the
   // engine's EngineOptions::prefetch_max_requests.
   int prefetch_max_requests = 4;
+  // kv.host_pin --kv-host-pin: page-lock the host tier's buffer
+  // (cudaHostRegister) when a CUDA device is present, so device copies run
+  // at full speed; false leaves it pageable (operators who cannot spare
+  // locked memory). No effect without a device.
+  bool host_pin = true;
   // The caller runs through KvManager (not a plain block table) when true:
   // set by any tier flag given (sizes, disk path, admission, load policy,
   // even "0"), and by a YAML tier size > 0 or a non-empty kv.disk_path (the

@@ -33,6 +33,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "write-through: copy full blocks to disk when committed; write-back: when evicted from device");
   cmd->add_option("--kv-prefetch-max-requests", CLI::callback_t{},
                   "waiting requests that may load cached prefixes before admission (0 = off; default 4)");
+  cmd->add_option("--kv-host-pin", CLI::callback_t{},
+                  "true: page-lock the host tier for device copies when a CUDA device is present (default); false: "
+                  "leave it pageable");
   cmd->add_option("--threads", f->threads, "compute threads (0 = all hardware threads)")->check(CLI::Range(0, 1024));
   cmd->add_option("--chat-template", f->chat_template,
                   "chat format: llama2, llama3, llama31, chatml, mistral, plain, ... (default: detect from the model)");
@@ -90,7 +93,8 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
     const std::string text = value != nullptr ? *value : std::to_string(f->kv_block_size);
     if (Status s = kvcache::ApplyKvFlag(flag, text, &f->kv); !s.ok()) return fail(s);
   }
-  for (const char* flag : {"--kv-host-write-policy", "--kv-disk-write-policy", "--kv-prefetch-max-requests"}) {
+  for (const char* flag :
+       {"--kv-host-write-policy", "--kv-disk-write-policy", "--kv-prefetch-max-requests", "--kv-host-pin"}) {
     if (unset(flag)) continue;
     const std::string text = cmd->get_option(flag)->as<std::string>();
     if (Status s = kvcache::ApplyKvFlag(flag, text, &f->kv); !s.ok()) return fail(s);

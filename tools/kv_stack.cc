@@ -32,7 +32,11 @@ Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, c
   const uint64_t block_bytes = engine.kv_layout().block_bytes();
   std::vector<kvcache::LowerTier> lowers;
   if (kv.host_enabled()) {
-    STRATA_ASSIGN_OR_RETURN(stack->host, kvcache::HostStore::Create({kv.host_bytes, block_bytes, false}));
+    kvcache::HostStoreOptions ho;
+    ho.capacity_bytes = kv.host_bytes;
+    ho.block_bytes = block_bytes;
+    ho.pin = kv.host_pin;
+    STRATA_ASSIGN_OR_RETURN(stack->host, kvcache::HostStore::Create(ho));
     if (stack->host->num_slots() == 0)
       return Status::InvalidArgument("--kv-host-bytes (kv.host_bytes) " + std::to_string(kv.host_bytes) +
                                      " is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");

@@ -19,6 +19,7 @@ kv:
   disk_bytes: 4G
   disk_admit_after: 2
   load_policy: never
+  host_pin: false
 )",
                            "test.yaml");
   ASSERT_TRUE(cfg.ok());
@@ -33,6 +34,8 @@ kv:
   EXPECT_EQ(c->disk_bytes, 4ull << 30);
   EXPECT_EQ(c->disk_admit_after, 2u);
   EXPECT_EQ(c->load_policy, LoadPolicy::kNever);
+  EXPECT_FALSE(c->host_pin);
+  EXPECT_TRUE(KvCacheConfig{}.host_pin);  // pinned unless turned off
   EXPECT_TRUE(c->tiers_configured);
   EXPECT_TRUE(c->host_enabled());
   EXPECT_TRUE(c->disk_enabled());
@@ -50,7 +53,7 @@ TEST(KvConfigTest, DocumentedDefaultsDoNotTurnTheCacheOn) {
 TEST(KvConfigTest, YamlErrorsNameTheKey) {
   for (const char* text :
        {"kv:\n  block_size: 0\n", "kv:\n  dtype: f8\n", "kv:\n  host_bytes: lots\n",
-        "kv:\n  load_policy: sometimes\n", "kv:\n  disk_admit_after: -1\n"}) {
+        "kv:\n  load_policy: sometimes\n", "kv:\n  disk_admit_after: -1\n", "kv:\n  host_pin: maybe\n"}) {
     auto cfg = Config::Parse(text, "bad.yaml");
     ASSERT_TRUE(cfg.ok()) << text;
     auto c = KvCacheConfigFromYaml(*cfg, {});
@@ -82,12 +85,19 @@ TEST(KvConfigTest, FlagsParseSizesAndNameThemselvesInErrors) {
   EXPECT_TRUE(zero.tiers_configured);  // an explicit flag asks for the cache path
   EXPECT_FALSE(zero.host_enabled());
 
+  KvCacheConfig pin;
+  ASSERT_TRUE(ApplyKvFlag("--kv-host-pin", "false", &pin).ok());
+  EXPECT_FALSE(pin.host_pin);
+  ASSERT_TRUE(ApplyKvFlag("--kv-host-pin", "true", &pin).ok());
+  EXPECT_TRUE(pin.host_pin);
+
   for (auto [flag, value] :
        std::vector<std::pair<const char*, const char*>>{{"--kv-device-bytes", "12Q"},
                                                         {"--kv-disk-admit-after", "x"},
                                                         {"--kv-load-policy", "maybe"},
                                                         {"--kv-block-size", "0"},
-                                                        {"--kv-dtype", "int4"}}) {
+                                                        {"--kv-dtype", "int4"},
+                                                        {"--kv-host-pin", "yes"}}) {
     Status s = ApplyKvFlag(flag, value, &c);
     ASSERT_FALSE(s.ok()) << flag;
     EXPECT_NE(s.message().find(flag), std::string::npos) << s.message();
