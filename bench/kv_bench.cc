@@ -419,26 +419,34 @@ Result<TtftResult> MeasureTtft(const TtftSetup& s, const TtftOptions& o) {
 
   const int32_t want = o.cached_tokens;
   const uint64_t want_blocks = static_cast<uint64_t>(want / bs);
-  // Waits (polling the manager) until the tier would serve the whole prefix.
-  auto wait_for = [&](int tier, std::span<const int32_t> prompt) -> Status {
+  // Polls the manager until done() or 60 s have passed (false then).
+  auto poll_until = [&](auto done) {
     const auto t0 = WallClock::now();
-    for (;;) {
-      kvcache::PrefixMatch m = kv.Match(prompt, "");
-      const int32_t got = tier == kvcache::kDeviceTier ? m.device_tokens
-                                                       : m.lower_tier_tokens[static_cast<size_t>(tier - 1)];
-      if (got == want) return Status::Ok();
-      if (SecondsSince(t0) > 60)
-      {
-        std::string held;
-        for (size_t i = 0; i < kv.num_lower_tiers(); ++i)
-          held += ", " + std::string(kv.lower_store(i).name()) + " " + std::to_string(m.lower_tier_tokens[i]) +
-                  " (store has " + std::to_string(kv.lower_store(i).stats().blocks) + " blocks)";
-        return Status::Internal("the " + std::string(kv.tier_name(tier)) + " tier would serve " + std::to_string(got) +
-                                " of the " + std::to_string(want) + " prefix tokens, so the figure would be a miss " +
-                                "(device " + std::to_string(m.device_tokens) + held + ")");
-      }
+    while (!done()) {
+      if (SecondsSince(t0) > 60) return false;
       if (kv.Poll() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    return true;
+  };
+  // Waits until the tier would serve the whole prefix.
+  auto wait_for = [&](int tier, std::span<const int32_t> prompt) -> Status {
+    kvcache::PrefixMatch m;
+    int32_t got = 0;
+    const bool served = poll_until([&] {
+      m = kv.Match(prompt, "");
+      got = tier == kvcache::kDeviceTier ? m.device_tokens : m.lower_tier_tokens[static_cast<size_t>(tier - 1)];
+      return got == want;
+    });
+    if (!served) {
+      std::string held;
+      for (size_t i = 0; i < kv.num_lower_tiers(); ++i)
+        held += ", " + std::string(kv.lower_store(i).name()) + " " + std::to_string(m.lower_tier_tokens[i]) +
+                " (store has " + std::to_string(kv.lower_store(i).stats().blocks) + " blocks)";
+      return Status::Internal("the " + std::string(kv.tier_name(tier)) + " tier would serve " + std::to_string(got) +
+                              " of the " + std::to_string(want) + " prefix tokens, so the figure would be a miss " +
+                              "(device " + std::to_string(m.device_tokens) + held + ")");
+    }
+    return Status::Ok();
   };
   auto tier_hits = [&](int tier) -> uint64_t {
     const kvcache::KvManagerStats st = kv.stats();
@@ -485,14 +493,10 @@ Result<TtftResult> MeasureTtft(const TtftSetup& s, const TtftOptions& o) {
       if (tier != kvcache::kDeviceTier) {
         // Write-backs of the last request must land first: a device block
         // stays referenced (and Flush leaves it) while one reads it.
-        const auto t0 = WallClock::now();
-        while (kv.ops_in_flight() > 0) {
-          if (SecondsSince(t0) > 60)
-            return Status::Internal(std::to_string(kv.ops_in_flight()) +
-                                    " lower-tier operations still in flight after 60 s; cannot flush the tiers above " +
-                                    std::string(kv.tier_name(tier)));
-          if (kv.Poll() == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }
+        if (!poll_until([&] { return kv.ops_in_flight() == 0; }))
+          return Status::Internal(std::to_string(kv.ops_in_flight()) +
+                                  " lower-tier operations still in flight after 60 s; cannot flush the tiers above " +
+                                  std::string(kv.tier_name(tier)));
         // Device flushed; for disk also every lower tier above it.
         std::vector<bool> lower(kv.num_lower_tiers(), false);
         for (int i = 0; i < tier - 1; ++i) lower[static_cast<size_t>(i)] = true;

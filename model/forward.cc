@@ -102,123 +102,103 @@ Status ForwardEngine::Validate(std::span<const ForwardSeq> batch) const {
   return Status::Ok();
 }
 
+// Every task covers whole KV heads of its token, so the kernel reads each
+// block front to back (attention.h); the query heads of a group share K/V
+// rows. With enough tokens for every thread, one task per token over all KV
+// heads. With few (decode at small batches), each token's context is split
+// into ranges of whole blocks over all KV heads, a task per range, merged by
+// log-sum-exp (flash-decoding): the ranges spread one token over the
+// threads. One task per (token, KV head) instead read one head's 128 of
+// every 1,536 bytes (bench-110m), which the prefetchers barely follow: q8_0
+// decode at batch 1, context 2000, ran 68 tok/s that way and 98 split. Short
+// contexts (under 2 ranges of 4 blocks) keep that per-head split.
+void ForwardEngine::PlanAttentionRanges(const std::vector<int>& pos_of_token) {
+  ranges_.clear();
+  range_first_.clear();
+  const int T = static_cast<int>(pos_of_token.size());
+  const int threads = pool_->num_threads();
+  if (T >= 2 * threads || threads <= 1) return;
+  constexpr int kMinRangeBlocks = 4;
+  const int bs = layout_.block_size;
+  for (int t = 0; t < T; ++t) {
+    const int n_ctx = pos_of_token[t] + 1;
+    const int blocks = (n_ctx + bs - 1) / bs;
+    const int parts = std::min(2 * threads, blocks / kMinRangeBlocks);
+    if (parts < 2) {  // one short context: the per-head split for the batch
+      ranges_.clear();
+      range_first_.clear();
+      return;
+    }
+    range_first_.push_back(static_cast<int>(ranges_.size()));
+    for (int p = 0; p < parts; ++p) {
+      const int b0 = blocks * p / parts, b1 = blocks * (p + 1) / parts;
+      ranges_.push_back({t, b0, std::min(n_ctx, b1 * bs) - b0 * bs});
+    }
+  }
+  range_first_.push_back(static_cast<int>(ranges_.size()));
+}
+
 void ForwardEngine::Attention(int layer, std::span<const ForwardSeq> batch, const std::vector<int>& seq_of_token,
                               const std::vector<int>& pos_of_token) {
   const ModelConfig& c = w_.config;
   const int T = static_cast<int>(seq_of_token.size());
   const int hd = c.head_dim;
   const int group = c.n_heads / c.n_kv_heads;
-  const int bs = layout_.block_size;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t head_bytes = static_cast<size_t>(hd) * layout_.elem_bytes();
-  const DType kvt = layout_.dtype;
-
-  // Every task covers all KV heads of its token, so the kernel reads each
-  // block front to back (attention.h); the query heads of a group share K/V
-  // rows. With enough tokens for every thread, one task per token. With few
-  // (decode at small batches), each token's context is split into ranges of
-  // whole blocks, a task per range, merged by log-sum-exp (flash-decoding):
-  // the ranges spread one token over the threads. One task per (token, KV
-  // head) instead read one head's 128 of every 1,536 bytes (bench-110m),
-  // which the prefetchers barely follow: q8_0 decode at batch 1, context
-  // 2000, ran 68 tok/s that way and 98 split. Short contexts (under 2 ranges
-  // of 4 blocks) keep the per-head split.
-  const int threads = pool_->num_threads();
-  if (T < 2 * threads && threads > 1) {
-    constexpr int kMinRangeBlocks = 4;
-    struct Range {
-      int t, first_block, n_ctx, part;
-    };
-    std::vector<Range> ranges;
-    std::vector<int> first_part(static_cast<size_t>(T) + 1, 0);
-    bool split_all = true;
-    for (int t = 0; t < T; ++t) {
-      const int n_ctx = pos_of_token[t] + 1;
-      const int blocks = (n_ctx + bs - 1) / bs;
-      const int parts = std::min(2 * threads, blocks / kMinRangeBlocks);
-      if (parts < 2) split_all = false;
-    }
-    if (split_all) {
-      for (int t = 0; t < T; ++t) {
-        const int n_ctx = pos_of_token[t] + 1;
-        const int blocks = (n_ctx + bs - 1) / bs;
-        const int parts = std::min(2 * threads, blocks / kMinRangeBlocks);
-        first_part[static_cast<size_t>(t)] = static_cast<int>(ranges.size());
-        for (int p = 0; p < parts; ++p) {
-          const int b0 = blocks * p / parts, b1 = blocks * (p + 1) / parts;
-          ranges.push_back({t, b0, std::min(n_ctx, b1 * bs) - b0 * bs, static_cast<int>(ranges.size())});
-        }
-      }
-      first_part[static_cast<size_t>(T)] = static_cast<int>(ranges.size());
-      const size_t qd = static_cast<size_t>(c.q_dim());
-      Reserve(part_out_, ranges.size() * qd);
-      Reserve(part_lse_, ranges.size() * static_cast<size_t>(c.n_heads));
-      pool_->Run(static_cast<int>(ranges.size()), [&](int task) {
-        const Range& r = ranges[static_cast<size_t>(task)];
-        const ForwardSeq& seq = batch[seq_of_token[r.t]];
-        thread_local std::vector<float> scores;
-        const size_t need = static_cast<size_t>(r.n_ctx) * static_cast<size_t>(c.n_heads);
-        if (scores.size() < need) scores.resize(need);
-        cpu::AttnArgs a;
-        a.q = q_.data() + static_cast<size_t>(r.t) * qd;
-        a.group = group;
-        a.kv_heads = c.n_kv_heads;
-        a.kv_head_bytes = head_bytes;
-        a.head_dim = hd;
-        a.n_ctx = r.n_ctx;
-        a.kv_base = kv_.get();
-        a.block_bytes = layout_.block_bytes();
-        a.block_table = seq.block_table.data() + r.first_block;
-        a.block_size = bs;
-        a.k_offset = layout_.Offset(layer, 0, 0);
-        a.v_offset = layout_.Offset(layer, 1, 0);
-        a.row_bytes = layout_.row_bytes();
-        a.kv_type = kvt;
-        a.scale = scale;
-        a.out = part_out_.data() + static_cast<size_t>(r.part) * qd;
-        a.lse = part_lse_.data() + static_cast<size_t>(r.part) * static_cast<size_t>(c.n_heads);
-        a.scores = scores.data();
-        cpu::Attend(a);
-      });
-      for (int t = 0; t < T; ++t) {
-        const int p0 = first_part[static_cast<size_t>(t)];
-        cpu::MergeAttention(part_out_.data() + static_cast<size_t>(p0) * qd,
-                            part_lse_.data() + static_cast<size_t>(p0) * static_cast<size_t>(c.n_heads),
-                            first_part[static_cast<size_t>(t) + 1] - p0, c.n_heads, hd,
-                            attn_.data() + static_cast<size_t>(t) * qd);
-      }
-      return;
-    }
-  }
-  const int heads_per_task = T >= 2 * threads ? c.n_kv_heads : 1;
-  const int tasks_per_token = c.n_kv_heads / heads_per_task;
-  pool_->Run(T * tasks_per_token, [&](int task) {
-    const int t = task / tasks_per_token;
-    const int g = (task % tasks_per_token) * heads_per_task;
-    const ForwardSeq& seq = batch[seq_of_token[t]];
-    const int n_ctx = pos_of_token[t] + 1;
+  const size_t qd = static_cast<size_t>(c.q_dim());
+  // Token t's KV heads [g, g + kv_heads) over n_ctx positions from block
+  // first_block of its table; out and lse are the caller's.
+  auto attend = [&](int t, int g, int kv_heads, int first_block, int n_ctx, float* out, float* lse) {
     thread_local std::vector<float> scores;
-    const size_t need = static_cast<size_t>(n_ctx) * group * heads_per_task;
+    const size_t need = static_cast<size_t>(n_ctx) * static_cast<size_t>(group * kv_heads);
     if (scores.size() < need) scores.resize(need);
     cpu::AttnArgs a;
-    a.q = q_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group) * hd;
+    a.q = q_.data() + static_cast<size_t>(t) * qd + static_cast<size_t>(g * group) * hd;
     a.group = group;
-    a.kv_heads = heads_per_task;
+    a.kv_heads = kv_heads;
     a.kv_head_bytes = head_bytes;
     a.head_dim = hd;
     a.n_ctx = n_ctx;
     a.kv_base = kv_.get();
     a.block_bytes = layout_.block_bytes();
-    a.block_table = seq.block_table.data();
-    a.block_size = bs;
+    a.block_table = batch[seq_of_token[t]].block_table.data() + first_block;
+    a.block_size = layout_.block_size;
     a.k_offset = layout_.Offset(layer, 0, 0) + static_cast<size_t>(g) * head_bytes;
     a.v_offset = layout_.Offset(layer, 1, 0) + static_cast<size_t>(g) * head_bytes;
     a.row_bytes = layout_.row_bytes();
-    a.kv_type = kvt;
+    a.kv_type = layout_.dtype;
     a.scale = scale;
-    a.out = attn_.data() + static_cast<size_t>(t) * c.q_dim() + static_cast<size_t>(g * group) * hd;
+    a.out = out;
+    a.lse = lse;
     a.scores = scores.data();
     cpu::Attend(a);
+  };
+
+  if (!ranges_.empty()) {  // PlanAttentionRanges split the contexts
+    const size_t heads = static_cast<size_t>(c.n_heads);
+    Reserve(part_out_, ranges_.size() * qd);
+    Reserve(part_lse_, ranges_.size() * heads);
+    pool_->Run(static_cast<int>(ranges_.size()), [&](int task) {
+      const AttnRange& r = ranges_[static_cast<size_t>(task)];
+      const size_t p = static_cast<size_t>(task);
+      attend(r.t, 0, c.n_kv_heads, r.first_block, r.n_ctx, part_out_.data() + p * qd, part_lse_.data() + p * heads);
+    });
+    for (int t = 0; t < T; ++t) {
+      const size_t p0 = static_cast<size_t>(range_first_[static_cast<size_t>(t)]);
+      cpu::MergeAttention(part_out_.data() + p0 * qd, part_lse_.data() + p0 * heads,
+                          range_first_[static_cast<size_t>(t) + 1] - static_cast<int>(p0), c.n_heads, hd,
+                          attn_.data() + static_cast<size_t>(t) * qd);
+    }
+    return;
+  }
+  const int heads_per_task = T >= 2 * pool_->num_threads() ? c.n_kv_heads : 1;
+  const int tasks_per_token = c.n_kv_heads / heads_per_task;
+  pool_->Run(T * tasks_per_token, [&](int task) {
+    const int t = task / tasks_per_token;
+    const int g = (task % tasks_per_token) * heads_per_task;
+    attend(t, g, heads_per_task, 0, pos_of_token[t] + 1,
+           attn_.data() + static_cast<size_t>(t) * qd + static_cast<size_t>(g * group) * hd, nullptr);
   });
 }
 
@@ -259,6 +239,7 @@ Status ForwardEngine::Forward(std::span<const ForwardSeq> batch, std::vector<flo
   });
 
   const bool neox = c.rope_style == RopeStyle::kNeox;
+  PlanAttentionRanges(pos_of_token);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
     const LayerF32& F = layer_f32_[l];

@@ -61,6 +61,9 @@ class ForwardEngine {
  private:
   ForwardEngine(const ModelWeights& w, ThreadPool* pool) : w_(w), pool_(pool) {}
   Status Validate(std::span<const ForwardSeq> batch) const;
+  // Fills ranges_ / range_first_ for this batch (empty: no split); see
+  // forward.cc. Once per Forward: the ranges are the same in every layer.
+  void PlanAttentionRanges(const std::vector<int>& pos_of_token);
   void Attention(int layer, std::span<const ForwardSeq> batch, const std::vector<int>& seq_of_token,
                  const std::vector<int>& pos_of_token);
 
@@ -85,8 +88,14 @@ class ForwardEngine {
   std::vector<LayerF32> layer_f32_;
   // Activations, sized for the largest batch seen.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
-  // Attention split over position ranges (few tokens, long contexts): each
+  // Attention split over position ranges (few tokens, long contexts): token
+  // t's ranges are ranges_[range_first_[t] .. range_first_[t + 1]); each
   // range's outputs and log-sum-exps, merged per token.
+  struct AttnRange {
+    int t, first_block, n_ctx;
+  };
+  std::vector<AttnRange> ranges_;
+  std::vector<int> range_first_;
   std::vector<float> part_out_, part_lse_;
 };
 

@@ -101,18 +101,37 @@ struct Fixture {
     return a;
   }
 
+  // Head h's scaled scores in double, and their maximum.
+  std::vector<double> Scores(int h, double* mx) const {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    std::vector<double> p(static_cast<size_t>(s.n_ctx));
+    *mx = -1e300;
+    for (int j = 0; j < s.n_ctx; ++j) {
+      double d = 0;
+      for (int i = 0; i < s.head_dim; ++i) d += static_cast<double>(q[static_cast<size_t>(h * s.head_dim + i)]) * k[j][i];
+      p[j] = d * scale;
+      *mx = std::max(*mx, p[j]);
+    }
+    return p;
+  }
+
+  // Each head's log Σ_j exp(score_j), in double.
+  std::vector<double> LogSumExp() const {
+    std::vector<double> out(static_cast<size_t>(s.group));
+    for (int h = 0; h < s.group; ++h) {
+      double mx = 0;
+      double sum = 0;
+      for (double x : Scores(h, &mx)) sum += std::exp(x - mx);
+      out[static_cast<size_t>(h)] = mx + std::log(sum);
+    }
+    return out;
+  }
+
   std::vector<double> Reference() const {
     std::vector<double> out(static_cast<size_t>(s.group * s.head_dim), 0.0);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
     for (int h = 0; h < s.group; ++h) {
-      std::vector<double> p(static_cast<size_t>(s.n_ctx));
-      double mx = -1e300;
-      for (int j = 0; j < s.n_ctx; ++j) {
-        double d = 0;
-        for (int i = 0; i < s.head_dim; ++i) d += static_cast<double>(q[static_cast<size_t>(h * s.head_dim + i)]) * k[j][i];
-        p[j] = d * scale;
-        mx = std::max(mx, p[j]);
-      }
+      double mx = 0;
+      std::vector<double> p = Scores(h, &mx);
       double sum = 0;
       for (double& x : p) sum += (x = std::exp(x - mx));
       for (int j = 0; j < s.n_ctx; ++j)
@@ -230,22 +249,7 @@ TEST_P(AttendTest, RangesMergeIntoTheWholeContext) {
   const int blocks = (s.n_ctx + s.block_size - 1) / s.block_size;
   Fixture f(s, 5u + static_cast<uint32_t>(s.head_dim * 7 + s.n_ctx));
   const std::vector<double> want = f.Reference();
-  // The double log-sum-exp of head h's scaled scores (head g's group).
-  std::vector<double> want_lse(static_cast<size_t>(s.group));
-  for (int h = 0; h < s.group; ++h) {
-    std::vector<double> sc(static_cast<size_t>(s.n_ctx));
-    double mx = -1e300;
-    for (int j = 0; j < s.n_ctx; ++j) {
-      double d = 0;
-      for (int i = 0; i < s.head_dim; ++i)
-        d += static_cast<double>(f.q[static_cast<size_t>(h * s.head_dim + i)]) * f.k[j][i];
-      sc[j] = d / std::sqrt(static_cast<double>(s.head_dim));
-      mx = std::max(mx, sc[j]);
-    }
-    double sum = 0;
-    for (double x : sc) sum += std::exp(x - mx);
-    want_lse[h] = mx + std::log(sum);
-  }
+  const std::vector<double> want_lse = f.LogSumExp();  // head g's group
   const size_t hd = static_cast<size_t>(s.head_dim);
   for (int parts : {1, 2, 3}) {
     if (parts > blocks) continue;  // one range (the whole context) always runs

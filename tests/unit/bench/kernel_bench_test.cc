@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "bench/calibrate.h"
 #include "bench/machine_limits.h"
@@ -78,18 +80,29 @@ TEST(KernelBenchCost, TiedHeadCountsTheEmbeddingTableAsHead) {
   EXPECT_EQ(c.head_bytes, 25600);
 }
 
+MachineLimits Limits(double gbs, double gflops, int threads) {
+  MachineLimits l;
+  l.read_bandwidth_gbs = gbs;
+  l.fma_peak_gflops = gflops;
+  l.threads = threads;
+  return l;
+}
+
+// Context 16, an 8-token prefill: small enough for SmallWeights.
+KernelBenchOptions SmallRun(std::vector<int> batches, int iterations) {
+  KernelBenchOptions o;
+  o.context = 16;
+  o.batches = std::move(batches);
+  o.prefill = 8;
+  o.iterations = iterations;
+  return o;
+}
+
 TEST(KernelBench, RunsEveryFigureWithTheFormulas) {
   ModelWeights w = SmallWeights();
   ThreadPool pool(2);
-  MachineLimits limits;
-  limits.read_bandwidth_gbs = 20;
-  limits.fma_peak_gflops = 200;
-  limits.threads = 2;
-  KernelBenchOptions o;
-  o.context = 16;
-  o.batches = {1, 3};
-  o.prefill = 8;
-  o.iterations = 2;
+  const MachineLimits limits = Limits(20, 200, 2);
+  KernelBenchOptions o = SmallRun({1, 3}, 2);
   o.kv_dtype = DType::kF16;
   auto r = RunKernelBench(w, o, limits, &pool);
   ASSERT_TRUE(r.ok()) << r.error().message();
@@ -126,15 +139,8 @@ TEST(KernelBench, RunsEveryFigureWithTheFormulas) {
 TEST(KernelBench, StrongerLimitsRecomputeEveryShare) {
   ModelWeights w = SmallWeights();
   ThreadPool pool(1);
-  MachineLimits before;
-  before.read_bandwidth_gbs = 20;
-  before.fma_peak_gflops = 100;
-  before.threads = 1;
-  KernelBenchOptions o;
-  o.context = 16;
-  o.batches = {1, 4};
-  o.prefill = 8;
-  o.iterations = 1;
+  const MachineLimits before = Limits(20, 100, 1);
+  const KernelBenchOptions o = SmallRun({1, 4}, 1);
   auto r = RunKernelBench(w, o, before, &pool);
   ASSERT_TRUE(r.ok()) << r.error().message();
   const KernelBenchReport first = *r;
