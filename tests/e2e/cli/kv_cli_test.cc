@@ -42,8 +42,10 @@ nlohmann::json RunJson(const std::string& cmd) {
 
 TEST(KvCli, DiskPrefixFromAnEarlierProcessMatchesAColdRun) {
   const std::string dir = testing::MakeTempDir("strata-kv-cli-") + "/kv";
+  // The load policy is pinned: the test asserts disk hits, which `auto`
+  // may trade for recomputing on a busy machine.
   const std::string disk = "--kv-block-size 4 --kv-disk-path " + ShellQuote(dir) +
-                           " --kv-disk-bytes 64M --kv-disk-admit-after 0";
+                           " --kv-disk-bytes 64M --kv-disk-admit-after 0 --kv-load-policy always";
   auto cold = RunJson(Gen(kPromptB, "--kv-block-size 4"));
   ASSERT_TRUE(cold.contains("tokens"));
   EXPECT_FALSE(cold.contains("cached_tokens"));  // no tier flag: the plain path
@@ -72,8 +74,9 @@ TEST(KvCli, DiskPrefixFromAnEarlierProcessMatchesAColdRun) {
 }
 
 // --kv-load-policy auto (the default) measures recompute speed and each
-// tier's read rate when the stack opens, logs them, and still loads: a block
-// moves in microseconds and recomputes in milliseconds.
+// tier's read rate when the stack opens and logs them. Which way it then
+// decides depends on the machine's load, so this test asserts only the
+// measurement; KvLoadPolicy unit tests cover the decision with fixed rates.
 TEST(KvCli, AutoLoadPolicyMeasuresAndLogsItsEstimates) {
   const std::string dir = testing::MakeTempDir("strata-kv-auto-") + "/kv";
   const std::string flags = "--kv-block-size 64 --kv-host-bytes 4M --kv-disk-path " + ShellQuote(dir) +

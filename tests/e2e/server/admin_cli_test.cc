@@ -29,7 +29,7 @@ class AdminCliTest : public ::testing::Test {
     auto model = TinyModelPath();
     ASSERT_TRUE(model.ok()) << model.error().ToString();
     auto s = ServerProcess::Start({"--model", *model, "--admin-token", kToken, "--kv-block-size", "4",
-                                   "--kv-host-bytes", "16M", "--threads", "1"});
+                                   "--kv-host-bytes", "16M", "--kv-load-policy", "always", "--threads", "1"});
     ASSERT_TRUE(s.ok()) << s.error().ToString();
     server_ = std::move(s).value();
   }
