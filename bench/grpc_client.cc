@@ -266,7 +266,7 @@ bool GrpcClient::Scrape(MetricsSample* out) {
   m.queries = static_cast<double>(resp.prefix_query_tokens());
   for (const pb::TierStats& t : resp.tiers())
     for (size_t i = 0; i < kTierNames.size(); ++i)
-      if (t.name() == kTierNames[i]) m.hits[i] += static_cast<double>(t.hit_tokens());
+      if (t.kind() == kTierNames[i]) m.hits[i] += static_cast<double>(t.hit_tokens());
   m.running = resp.num_running();
   m.waiting = resp.num_waiting();
   *out = m;

@@ -22,6 +22,7 @@
 #include "kvcache/disk_io.h"
 #include "kvcache/disk_store.h"
 #include "kvcache/host_store.h"
+#include "kvcache/tier_registry.h"
 #include "model/generate.h"
 #include "scheduler/cached_generate.h"
 
@@ -85,11 +86,13 @@ Result<KvMoveResult> MeasureTierMoves(const KvMoveOptions& o) {
   for (uint64_t i = 0; i < device_blocks * bb; ++i) device[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
   std::memset(copy_dst.get(), 0, bytes);
 
-  kvcache::HostStoreOptions ho;
-  ho.capacity_bytes = bytes;
-  ho.block_bytes = bb;
-  ho.pin = false;  // device memory here is plain memory
-  STRATA_ASSIGN_OR_RETURN(auto host, kvcache::HostStore::Create(ho));
+  kvcache::TierSpec host;
+  host.kind = kvcache::TierKind::kHost;
+  host.name = "host";
+  host.bytes = bytes;
+  host.pin = false;  // device memory here is plain memory
+  host.source = "bench kvcache";
+  STRATA_ASSIGN_OR_RETURN(kvcache::OpenedTiers tiers, kvcache::OpenTiers(std::span(&host, 1), bb));
   kvcache::KvManagerOptions mo;
   mo.block_size = o.block_size;
   mo.num_device_blocks = static_cast<int32_t>(device_blocks);
@@ -97,8 +100,7 @@ Result<KvMoveResult> MeasureTierMoves(const KvMoveOptions& o) {
   mo.ns = BenchNamespace();
   mo.load_policy = kvcache::LoadPolicy::kAlways;
   auto mem = [p = device.get(), bb](BlockId id) { return p + static_cast<size_t>(id.value()) * bb; };
-  std::vector<kvcache::LowerTier> lowers{{host.get(), kvcache::WritePolicy::kWriteThrough, 0, 0}};
-  STRATA_ASSIGN_OR_RETURN(auto kv, kvcache::KvManager::Create(mo, mem, std::move(lowers), kvcache::RealClock()));
+  STRATA_ASSIGN_OR_RETURN(auto kv, kvcache::KvManager::Create(mo, mem, std::move(tiers.lowers), kvcache::RealClock()));
 
   std::vector<int32_t> prompt(n * static_cast<uint64_t>(o.block_size) + 1);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + (i * 7919) % 30000);
@@ -381,9 +383,9 @@ Result<TtftResult> MeasureTtft(const TtftSetup& s, const TtftOptions& o) {
 
   int host_tier = -1, disk_tier = -1;  // index among the lower tiers
   for (size_t i = 0; i < kv.num_lower_tiers(); ++i) {
-    const std::string_view name = kv.lower_store(i).name();
-    if (name == "host") host_tier = static_cast<int>(i);
-    if (name == "disk") disk_tier = static_cast<int>(i);
+    const kvcache::TierKind kind = kv.lower_store(i).kind();
+    if (kind == kvcache::TierKind::kHost && host_tier < 0) host_tier = static_cast<int>(i);
+    if (kind == kvcache::TierKind::kDisk && disk_tier < 0) disk_tier = static_cast<int>(i);
   }
 
   std::mt19937_64 rng(o.seed);

@@ -33,10 +33,17 @@
 
 #include "bench/workload.h"
 #include "common/status.h"
+#include "kvcache/tier_kind.h"
 
 namespace strata::bench {
 
-inline constexpr std::array<const char*, 4> kTierNames = {"device", "host", "disk", "remote"};
+// The tier kinds' names (kvcache/tier_kind.h), by TierKindIndex: the keys of
+// cached_tokens_by_tier and the values of the metrics' `tier` label.
+inline constexpr std::array<const char*, kvcache::kNumTierKinds> kTierNames = [] {
+  std::array<const char*, kvcache::kNumTierKinds> names{};
+  for (kvcache::TierKind k : kvcache::kAllTierKinds) names[kvcache::TierKindIndex(k)] = kvcache::TierKindName(k).data();
+  return names;
+}();
 
 struct RequestRecord {
   int64_t index = 0;  // order of completion bookkeeping: workload order

@@ -39,6 +39,7 @@ struct SimStoreOptions {
   uint64_t block_bytes = 0;      // REQUIRES: > 0
   double read_bytes_per_s = 0;   // 0 = instant
   double write_bytes_per_s = 0;  // 0 = instant
+  kvcache::TierKind kind = kvcache::TierKind::kHost;
 };
 
 class SimStore final : public kvcache::BlockStore {
@@ -47,6 +48,7 @@ class SimStore final : public kvcache::BlockStore {
   SimStore(const SimStoreOptions& options, kvcache::Clock* clock);
 
   std::string_view name() const override { return options_.name; }
+  kvcache::TierKind kind() const override { return options_.kind; }
   kvcache::StoreStats stats() const override;
 
   bool Contains(const BlockHash& h) const override;

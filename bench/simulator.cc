@@ -13,6 +13,7 @@
 #include "kvcache/block_hash.h"
 #include "kvcache/clock.h"
 #include "kvcache/kv_manager.h"
+#include "kvcache/tier_registry.h"
 #include "model/gguf_tokenizer.h"
 #include "model/tokenizer/tokenizer.h"
 #include "scheduler/engine.h"
@@ -57,7 +58,7 @@ struct Event {
 };
 
 struct Instance {
-  std::unique_ptr<SimStore> host, disk;
+  std::vector<std::unique_ptr<kvcache::BlockStore>> stores;  // SimStores, chain order
   std::unique_ptr<kvcache::KvManager> kv;
   std::unique_ptr<SimRunner> runner;
   std::unique_ptr<scheduler::Engine> engine;
@@ -69,8 +70,7 @@ struct Instance {
 
   int64_t NextStoreCompletion() const {
     int64_t t = kNever;
-    if (host) t = std::min(t, host->next_completion_nanos());
-    if (disk) t = std::min(t, disk->next_completion_nanos());
+    for (const auto& s : stores) t = std::min(t, static_cast<const SimStore&>(*s).next_completion_nanos());
     return t;
   }
 };
@@ -113,6 +113,48 @@ int64_t UnlimitedBlocks(const std::vector<TraceRequest>& trace, size_t n, const 
   return std::min<int64_t>({all + 16, unique + running + 16, INT32_MAX - 1});
 }
 
+// The simulated instance's lower tiers as the tier registry's list (a host
+// tier, then a disk tier, as the cluster file sizes them). The disk tier has
+// no directory: SimStores hold no bytes.
+std::vector<kvcache::TierSpec> SimTierSpecs(const InstanceConfig& ic) {
+  std::vector<kvcache::TierSpec> specs;
+  if (ic.host_bytes > 0) {
+    kvcache::TierSpec h;
+    h.kind = kvcache::TierKind::kHost;
+    h.name = "host";
+    h.bytes = ic.host_bytes;
+    h.source = "instance.host_bytes";
+    specs.push_back(std::move(h));
+  }
+  if (ic.disk_bytes > 0) {
+    kvcache::TierSpec d;
+    d.kind = kvcache::TierKind::kDisk;
+    d.name = "disk";
+    d.bytes = ic.disk_bytes;
+    d.path = "(simulated)";
+    d.admit_after = ic.disk_admit_after;
+    d.source = "instance.disk_bytes";
+    specs.push_back(std::move(d));
+  }
+  return specs;
+}
+
+// Opens each listed tier as a SimStore with the cluster file's rates for its kind.
+kvcache::StoreMaker SimStoreMaker(const InstanceConfig& ic, kvcache::Clock* clock) {
+  return [&ic, clock](const kvcache::TierSpec& spec, uint64_t block_bytes)
+             -> Result<std::unique_ptr<kvcache::BlockStore>> {
+    const bool host = spec.kind == kvcache::TierKind::kHost;
+    SimStoreOptions so;
+    so.name = spec.name;
+    so.kind = spec.kind;
+    so.capacity_bytes = spec.bytes;
+    so.block_bytes = block_bytes;
+    so.read_bytes_per_s = host ? ic.host_read_bytes_per_s : ic.disk_read_bytes_per_s;
+    so.write_bytes_per_s = host ? ic.host_write_bytes_per_s : ic.disk_write_bytes_per_s;
+    return std::unique_ptr<kvcache::BlockStore>(std::make_unique<SimStore>(so, clock));
+  };
+}
+
 }  // namespace
 
 Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOptions& o) {
@@ -148,21 +190,14 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     ko.ns = kvcache::NamespaceDigest("simulated-" + ic.model, "llama", "f16", bs);
     ko.load_policy = kvcache::LoadPolicy::kAuto;
     ko.recompute_tokens_per_s = ic.cost.recompute_tokens_per_s();
-    std::vector<kvcache::LowerTier> lowers;
-    if (!o.unlimited_cache && ic.host_bytes > 0) {
-      in.host = std::make_unique<SimStore>(
-          SimStoreOptions{"host", ic.host_bytes, block_bytes, ic.host_read_bytes_per_s, ic.host_write_bytes_per_s},
-          &clock);
-      lowers.push_back({in.host.get(), kvcache::WritePolicy::kWriteThrough, 0, ic.host_read_bytes_per_s});
-    }
-    if (!o.unlimited_cache && ic.disk_bytes > 0) {
-      in.disk = std::make_unique<SimStore>(
-          SimStoreOptions{"disk", ic.disk_bytes, block_bytes, ic.disk_read_bytes_per_s, ic.disk_write_bytes_per_s},
-          &clock);
-      lowers.push_back(
-          {in.disk.get(), kvcache::WritePolicy::kWriteThrough, ic.disk_admit_after, ic.disk_read_bytes_per_s});
-    }
-    STRATA_ASSIGN_OR_RETURN(in.kv, kvcache::KvManager::Create(ko, kvcache::BlockMemoryFn{}, std::move(lowers), &clock));
+    const std::vector<kvcache::TierSpec> specs = o.unlimited_cache ? std::vector<kvcache::TierSpec>{} : SimTierSpecs(ic);
+    STRATA_ASSIGN_OR_RETURN(kvcache::OpenedTiers tiers,
+                            kvcache::OpenTiers(specs, block_bytes, SimStoreMaker(ic, &clock)));
+    for (kvcache::LowerTier& t : tiers.lowers)
+      t.read_bytes_per_s = t.store->kind() == kvcache::TierKind::kHost ? ic.host_read_bytes_per_s : ic.disk_read_bytes_per_s;
+    in.stores = std::move(tiers.stores);
+    STRATA_ASSIGN_OR_RETURN(in.kv,
+                            kvcache::KvManager::Create(ko, kvcache::BlockMemoryFn{}, std::move(tiers.lowers), &clock));
     in.runner = std::make_unique<SimRunner>(ic.cost, o.vocab_size);
     scheduler::EngineOptions eo;
     eo.max_batch_tokens = ic.max_batch_tokens;

@@ -120,6 +120,22 @@ Result<uint64_t> Config::GetBytes(const std::string& key, uint64_t fallback) con
   return r;
 }
 
+Result<std::vector<Config>> Config::GetMapList(const std::string& key) const {
+  std::vector<Config> out;
+  YAML::Node n = Lookup(impl_->root, key);
+  if (!n.IsDefined() || n.IsNull()) return out;
+  if (!n.IsSequence()) return Status::InvalidArgument(origin_ + ": key '" + key + "' must be a list of mappings");
+  for (size_t i = 0; i < n.size(); ++i) {
+    const std::string where = key + "[" + std::to_string(i) + "]";
+    if (!n[i].IsMap()) return Status::InvalidArgument(origin_ + ": " + where + " must be a mapping of keys");
+    Config c;
+    c.impl_->root = YAML::Clone(n[i]);
+    c.origin_ = origin_ + ": " + where;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 std::vector<std::string> Config::LeafKeys() const {
   std::vector<std::string> out;
   if (impl_->root && impl_->root.IsMap()) CollectLeaves(impl_->root, "", &out);

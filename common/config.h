@@ -33,7 +33,15 @@ class Config {
   // Byte sizes: an integer or a string with a binary suffix (512K, 64M, 4G, 1T).
   Result<uint64_t> GetBytes(const std::string& key, uint64_t fallback) const;
 
-  // Every leaf key present, dotted. Lets callers reject unknown keys.
+  // A sequence of mappings at `key` (e.g. kv.tiers), each element as its own
+  // Config whose origin names it ("file.yaml: kv.tiers[1]"). Absent or null:
+  // an empty list. Present but not a sequence of mappings: an error naming
+  // the key (and the element).
+  Result<std::vector<Config>> GetMapList(const std::string& key) const;
+
+  // Every leaf key present, dotted; a sequence is one leaf (its elements are
+  // checked by whoever reads them through GetMapList). Lets callers reject
+  // unknown keys.
   std::vector<std::string> LeafKeys() const;
   // Error naming the first key not in `known` (dotted leaf paths).
   Status CheckKnownKeys(const std::vector<std::string>& known) const;

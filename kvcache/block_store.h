@@ -22,6 +22,7 @@
 
 #include "common/sha256.h"
 #include "common/status.h"
+#include "kvcache/tier_kind.h"
 
 namespace strata::kvcache {
 
@@ -43,6 +44,9 @@ class BlockStore {
  public:
   virtual ~BlockStore() = default;
   virtual std::string_view name() const = 0;  // "host", "disk", ...
+  // What memory the store keeps blocks in (the API and metrics report
+  // tiers by kind: kvcache/tier_kind.h).
+  virtual TierKind kind() const = 0;
   virtual StoreStats stats() const = 0;
 
   virtual bool Contains(const BlockHash& h) const = 0;

@@ -75,6 +75,7 @@ class DiskStoreImpl final : public DiskStore {
   Status Init();
 
   std::string_view name() const override { return "disk"; }
+  TierKind kind() const override { return TierKind::kDisk; }
   StoreStats stats() const override;
   bool Contains(const BlockHash& h) const override;
   size_t CountPrefix(std::span<const BlockHash> chain) const override;

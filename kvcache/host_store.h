@@ -60,6 +60,7 @@ class HostStore final : public BlockStore {
   const std::string& pin_status() const { return pin_status_; }
 
   std::string_view name() const override { return "host"; }
+  TierKind kind() const override { return TierKind::kHost; }
   StoreStats stats() const override;
   int32_t num_slots() const { return static_cast<int32_t>(slot_hash_.size()); }
 

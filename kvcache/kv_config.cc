@@ -46,7 +46,7 @@ const std::vector<std::string>& KvConfigKeys() {
   static const std::vector<std::string> keys = {
       "kv.block_size", "kv.dtype",      "kv.device_bytes",     "kv.host_bytes",
       "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy",
-      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin"};
+      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin", "kv.tiers"};
   return keys;
 }
 
@@ -163,6 +163,10 @@ Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConf
     if (!v) return named(v.error(), "kv.host_pin");
     c.host_pin = *v;
   }
+  if (cfg.Has("kv.tiers")) {
+    STRATA_ASSIGN_OR_RETURN(c.tiers, TierSpecsFromYaml(cfg));
+    if (!c.tiers.empty()) c.tiers_configured = true;
+  }
   return c;
 }
 
@@ -247,25 +251,78 @@ Status ValidateKvCacheConfig(const KvCacheConfig& c, uint64_t effective_device_b
         "kv.disk_bytes (--kv-disk-bytes) is set but kv.disk_path (--kv-disk-path) is empty: give "
         "the disk tier a "
         "directory");
+  STRATA_ASSIGN_OR_RETURN(std::vector<TierSpec> tiers, LowerTierSpecs(c));
   const uint64_t device = c.device_bytes > 0 ? c.device_bytes : effective_device_bytes;
   // A lower tier no larger than the one above holds (at best) the same
   // blocks: it churns. Equal counts too.
   std::vector<std::string> found;
-  auto compare = [](uint64_t lower, uint64_t above) { return lower < above ? "smaller than" : "the same size as"; };
-  if (c.host_enabled() && device > 0 && c.host_bytes <= device)
-    found.push_back("kv.host_bytes (--kv-host-bytes) " + std::to_string(c.host_bytes) + " is " +
-                    compare(c.host_bytes, device) + " the device tier's " + std::to_string(device) +
-                    " bytes: the host tier will churn");
-  const uint64_t above = c.host_enabled() ? c.host_bytes : device;
-  const char* above_name = c.host_enabled() ? "host" : "device";
-  if (c.disk_enabled() && above > 0 && c.disk_bytes <= above)
-    found.push_back("kv.disk_bytes (--kv-disk-bytes) " + std::to_string(c.disk_bytes) + " is " +
-                    compare(c.disk_bytes, above) + " the " + above_name + " tier's " + std::to_string(above) +
-                    " bytes: the disk tier will churn");
+  uint64_t above = device;
+  std::string above_name = "device";
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    const TierSpec& t = tiers[i];
+    if (above > 0 && t.bytes <= above) {
+      // The shorthands name their size key; list entries their index.
+      const std::string where = !c.tiers.empty() ? "kv.tiers[" + std::to_string(i) + "].bytes"
+                                : t.kind == TierKind::kHost ? "kv.host_bytes (--kv-host-bytes)"
+                                                            : "kv.disk_bytes (--kv-disk-bytes)";
+      found.push_back(where + " " + std::to_string(t.bytes) + " is " +
+                      (t.bytes < above ? "smaller than" : "the same size as") + " the " + above_name + " tier's " +
+                      std::to_string(above) + " bytes: the " + t.name + " tier will churn");
+    }
+    above = t.bytes;
+    above_name = t.name;
+  }
   // The callers (strata serve, strata generate) log them.
   if (warnings != nullptr)
     for (auto& w : found) warnings->push_back(std::move(w));
   return Status::Ok();
+}
+
+
+Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& c) {
+  std::vector<TierSpec> out;
+  if (!c.tiers.empty()) {
+    const KvCacheConfig d;
+    std::vector<std::string> flat;
+    if (c.host_bytes != d.host_bytes) flat.push_back("kv.host_bytes (--kv-host-bytes)");
+    if (c.disk_path != d.disk_path) flat.push_back("kv.disk_path (--kv-disk-path)");
+    if (c.disk_bytes != d.disk_bytes) flat.push_back("kv.disk_bytes (--kv-disk-bytes)");
+    if (c.disk_admit_after != d.disk_admit_after) flat.push_back("kv.disk_admit_after (--kv-disk-admit-after)");
+    if (c.host_write_policy != d.host_write_policy) flat.push_back("kv.host_write_policy (--kv-host-write-policy)");
+    if (c.disk_write_policy != d.disk_write_policy) flat.push_back("kv.disk_write_policy (--kv-disk-write-policy)");
+    if (c.host_pin != d.host_pin) flat.push_back("kv.host_pin (--kv-host-pin)");
+    if (!flat.empty()) {
+      std::string names;
+      for (const auto& f : flat) names += (names.empty() ? "" : ", ") + f;
+      return Status::InvalidArgument("kv.tiers lists the tiers, so the shorthand keys and flags for one host and "
+                                     "one disk tier cannot be given too: " + names);
+    }
+    out = c.tiers;
+  } else {
+    if (c.host_enabled()) {
+      TierSpec h;
+      h.kind = TierKind::kHost;
+      h.name = "host";
+      h.bytes = c.host_bytes;
+      h.write_policy = c.host_write_policy;
+      h.pin = c.host_pin;
+      h.source = "kv.host_bytes (--kv-host-bytes)";
+      out.push_back(std::move(h));
+    }
+    if (c.disk_enabled()) {
+      TierSpec d;
+      d.kind = TierKind::kDisk;
+      d.name = "disk";
+      d.bytes = c.disk_bytes;
+      d.path = c.disk_path;
+      d.write_policy = c.disk_write_policy;
+      d.admit_after = c.disk_admit_after;
+      d.source = "kv.disk_path (--kv-disk-path)";
+      out.push_back(std::move(d));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(ValidateTierSpecs(out));
+  return out;
 }
 
 }  // namespace strata::kvcache

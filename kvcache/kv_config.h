@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "kvcache/kv_manager.h"
+#include "kvcache/tier_registry.h"
 
 namespace strata::kvcache {
 
@@ -39,10 +40,15 @@ struct KvCacheConfig {
   // at full speed; false leaves it pageable (operators who cannot spare
   // locked memory). No effect without a device.
   bool host_pin = true;
+  // kv.tiers: the lower tiers as a list (kvcache/tier_registry.h). The host_*
+  // and disk_* fields above are shorthands for a list of one host and one
+  // disk tier; LowerTierSpecs resolves which applies.
+  std::vector<TierSpec> tiers;
   // The caller runs through KvManager (not a plain block table) when true:
   // set by any tier flag given (sizes, disk path, admission, load policy,
   // even "0"), and by a YAML tier size > 0 or a non-empty kv.disk_path (the
-  // documented defaults in configs/strata.yaml leave it false).
+  // documented defaults in configs/strata.yaml leave it false), and by a
+  // non-empty kv.tiers.
   bool tiers_configured = false;
 
   bool host_enabled() const { return host_bytes > 0; }
@@ -65,10 +71,17 @@ std::string_view LoadPolicyName(LoadPolicy p);
 Result<WritePolicy> ParseWritePolicy(std::string_view text);
 std::string_view WritePolicyName(WritePolicy p);
 
+// The lower tiers in chain order: kv.tiers when listed, else the shorthands
+// (a "host" tier when host_bytes > 0, then a "disk" tier when disk_path and
+// disk_bytes are set), checked by ValidateTierSpecs. Giving kv.tiers and a
+// shorthand that differs from its default is an error naming both.
+Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& config);
+
 // Checks ranges and combinations (a disk path without a size and the
-// reverse; block size 1..4096; dtype). Appends warnings (a lower tier not
-// larger than the one above it, which makes it churn: an equal size holds
-// nothing the tier above does not) to `warnings`; the caller logs them.
+// reverse; block size 1..4096; dtype; the tier list, LowerTierSpecs).
+// Appends warnings (a lower tier not larger than the one above it, which
+// makes it churn: an equal size holds nothing the tier above does not) to
+// `warnings`; the caller logs them.
 // `effective_device_bytes`: the device pool's size when device_bytes is 0.
 Status ValidateKvCacheConfig(const KvCacheConfig& config, uint64_t effective_device_bytes,
                              std::vector<std::string>* warnings);

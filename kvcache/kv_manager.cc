@@ -22,15 +22,20 @@ Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& opt
                                                      BlockStore* lower, Clock* clock) {
   std::vector<LowerTier> lowers;
   if (lower != nullptr)
-    lowers.push_back(LowerTier{lower, options.write_policy, 0, options.lower_read_bytes_per_s});
+    lowers.push_back(LowerTier{.store = lower,
+                               .write_policy = options.write_policy,
+                               .admit_after = 0,
+                               .read_bytes_per_s = options.lower_read_bytes_per_s});
   return Create(options, std::move(device_memory), std::move(lowers), clock);
 }
 
 Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options,
                                                      BlockMemoryFn device_memory,
                                                      std::vector<LowerTier> lowers, Clock* clock) {
-  for (const auto& t : lowers)
+  for (auto& t : lowers) {
     if (t.store == nullptr) return Status::InvalidArgument("kv manager: a lower tier's store is null");
+    if (t.name.empty()) t.name = std::string(t.store->name());
+  }
   if (options.block_size <= 0) return Status::InvalidArgument("kv manager: block_size must be > 0");
   if (options.num_device_blocks < 0)
     return Status::InvalidArgument("kv manager: num_device_blocks must be >= 0");
@@ -50,7 +55,8 @@ KvManager::KvManager(const KvManagerOptions& options, BlockMemoryFn device_memor
       writes_in_flight_(lowers_.size()) {
   for (const auto& t : lowers_) {
     LowerTierStats ts;
-    ts.name = std::string(t.store->name());
+    ts.name = t.name;
+    ts.kind = t.store->kind();
     stats_.tiers.push_back(std::move(ts));
     if (t.write_policy == WritePolicy::kWriteBack) any_writeback_ = true;
   }
@@ -546,7 +552,12 @@ std::vector<int> KvManager::CachedBlockTiers(RequestId id) const {
 
 std::string_view KvManager::tier_name(int tier) const {
   if (tier <= kDeviceTier || static_cast<size_t>(tier) > lowers_.size()) return "device";
-  return lowers_[static_cast<size_t>(tier - 1)].store->name();
+  return lowers_[static_cast<size_t>(tier - 1)].name;
+}
+
+TierKind KvManager::tier_kind(int tier) const {
+  if (tier <= kDeviceTier || static_cast<size_t>(tier) > lowers_.size()) return TierKind::kDevice;
+  return lowers_[static_cast<size_t>(tier - 1)].store->kind();
 }
 
 Result<FlushResult> KvManager::Flush(bool device, const std::vector<bool>& lower_tiers, bool all_namespaces) {
@@ -560,8 +571,8 @@ Result<FlushResult> KvManager::Flush(bool device, const std::vector<bool>& lower
     Status s = store->Flush(all_namespaces ? nullptr : &options_.ns);
     const uint64_t after = store->stats().blocks;
     out.lower_blocks[t] = before > after ? before - after : 0;
-    if (!s.ok()) return s.WithContext("kv manager: flush of " + std::string(store->name()));
-    STRATA_LOG_INFO("kv manager: flushed {} blocks from {}", out.lower_blocks[t], store->name());
+    if (!s.ok()) return s.WithContext("kv manager: flush of " + lowers_[t].name);
+    STRATA_LOG_INFO("kv manager: flushed {} blocks from {}", out.lower_blocks[t], lowers_[t].name);
   }
   return out;
 }

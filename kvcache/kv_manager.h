@@ -15,10 +15,9 @@
 //                  prefix cache to be reused), unless the tier already holds
 //                  it or a write of it is in flight (and, with admit_after N,
 //                  only once it was hit N times). Every write-back tier gets
-//                  the device's evictions; a block the host store evicts is
-//                  NOT passed on to a write-back disk tier (the stores have no
-//                  eviction hook yet): put disk below a write-back host as
-//                  write-through, or accept that host evictions are lost.
+//                  the device's evictions, and a block a lower store evicts
+//                  (its eviction listener) is passed on, through a staging
+//                  copy, to the write-back tiers below it that lack it.
 //                  Operator flush (Flush) discards without writing back.
 //   Staging: the evicted device block is handed out again at once (the
 //   caller writes new KV into it), while BlockStore::SubmitWrite may read
@@ -144,6 +143,9 @@ struct LowerTier {
   // hits are counted per hash in this process's memory (not across restarts).
   uint32_t admit_after = 0;
   double read_bytes_per_s = 0;  // kAuto estimate for this tier; 0 = unknown
+  // The tier's name in stats, the API and metrics (unique when the tier
+  // registry built the chain); empty = the store's name().
+  std::string name = {};
 };
 
 enum class AllocOutcome { kAllocated, kNotNow };
@@ -164,7 +166,8 @@ inline constexpr std::array<double, 12> kTierLatencyBounds = {1e-4,   2.5e-4, 5e
 using TierLatencyCounts = std::array<uint64_t, kTierLatencyBounds.size() + 1>;  // per bucket, not cumulative
 
 struct LowerTierStats {
-  std::string name;              // the store's name()
+  std::string name;              // LowerTier::name
+  TierKind kind = TierKind::kHost;  // the store's kind()
   TierHits hits;                 // prefix blocks loaded from this tier (completed OK)
   uint64_t bytes_down = 0;       // device → this tier (writes completed OK)
   uint64_t bytes_up = 0;         // this tier → device (loads completed OK)
@@ -249,8 +252,10 @@ class KvManager {
   // For each of the CachedTokens(id) / block_size leading blocks, where it
   // came from: kDeviceTier, or i + 1 for lower tier i. Final once IsReady(id).
   std::vector<int> CachedBlockTiers(RequestId id) const;
-  // "device" for kDeviceTier, else the lower tier's store name.
+  // "device" for kDeviceTier, else the lower tier's name (LowerTier::name).
   std::string_view tier_name(int tier) const;
+  // TierKind::kDevice for kDeviceTier, else the lower tier's store kind().
+  TierKind tier_kind(int tier) const;
   size_t num_lower_tiers() const { return lowers_.size(); }
   // Lower-tier operations (loads and writes) submitted and not yet handled
   // by Poll(). A device block stays referenced, and so out of the reach of

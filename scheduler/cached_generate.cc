@@ -67,7 +67,10 @@ Result<CachedGenerateOutput> CachedGenerate(ForwardEngine& engine, kvcache::KvMa
   out.block_tiers = kv.CachedBlockTiers(id);
   const size_t tiers = kv.num_lower_tiers() + 1;
   out.tier_hit_tokens.assign(tiers, 0);
-  for (size_t t = 0; t < tiers; ++t) out.tier_names.emplace_back(kv.tier_name(static_cast<int>(t)));
+  for (size_t t = 0; t < tiers; ++t) {
+    out.tier_names.emplace_back(kv.tier_name(static_cast<int>(t)));
+    out.tier_kinds.push_back(kv.tier_kind(static_cast<int>(t)));
+  }
   for (int t : out.block_tiers)
     out.tier_hit_tokens[static_cast<size_t>(t)] += kv.options().block_size;
 

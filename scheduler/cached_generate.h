@@ -37,6 +37,7 @@ struct CachedGenerateOutput {
   // Cached tokens by tier: [0] device, [i + 1] lower tier i; names alike.
   std::vector<int32_t> tier_hit_tokens;
   std::vector<std::string> tier_names;
+  std::vector<kvcache::TierKind> tier_kinds;
   double load_wait_seconds = 0;  // time spent waiting for lower-tier loads
 };
 

@@ -76,7 +76,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, Ste
 Engine::Engine(const EngineOptions& options, StepRunner* runner, kvcache::KvManager* kv, const Tokenizer* tokenizer,
                kvcache::Clock* clock)
     : options_(options), runner_(runner), kv_(kv), tokenizer_(tokenizer), clock_(clock) {
-  for (size_t t = 0; t <= kv_->num_lower_tiers(); ++t) tier_names_.emplace_back(kv_->tier_name(static_cast<int>(t)));
+  for (size_t t = 0; t <= kv_->num_lower_tiers(); ++t) {
+    tier_names_.emplace_back(kv_->tier_name(static_cast<int>(t)));
+    tier_kinds_.push_back(kv_->tier_kind(static_cast<int>(t)));
+  }
   RefreshStats();
 }
 
@@ -549,6 +552,7 @@ void Engine::RefreshStats() {
   const uint64_t block_bytes = kv_->options().block_bytes;
   TierUsage dev;
   dev.name = tier_names_[0];
+  dev.kind = tier_kinds_[0];
   dev.capacity_bytes = static_cast<uint64_t>(kv_->options().num_device_blocks) * block_bytes;
   dev.used_bytes = static_cast<uint64_t>(st.kv.device_pool.in_use) * block_bytes;
   dev.usage_ratio = kv_->options().num_device_blocks > 0
@@ -559,6 +563,7 @@ void Engine::RefreshStats() {
     const kvcache::StoreStats ss = kv_->lower_store(i).stats();
     TierUsage t;
     t.name = tier_names_[i + 1];
+    t.kind = tier_kinds_[i + 1];
     t.capacity_bytes = ss.capacity_bytes;
     t.used_bytes = ss.used_bytes;
     t.usage_ratio = ss.capacity_bytes > 0 ? static_cast<double>(ss.used_bytes) / ss.capacity_bytes : 0.0;

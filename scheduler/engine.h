@@ -153,7 +153,8 @@ struct RequestOutput {
   int32_t completion_tokens = 0;        // generated so far (all events)
   // Prompt tokens whose KV came from cache, and the split by tier:
   // index kvcache::kDeviceTier (0) = device, i + 1 = lower tier i
-  // (names in Engine::tier_names()). Known from the first event on.
+  // (names in Engine::tier_names(), kinds in tier_kinds()). Known from the
+  // first event on.
   int32_t cached_tokens = 0;
   std::vector<int32_t> cached_tokens_by_tier;
   int32_t preemptions = 0;
@@ -163,7 +164,8 @@ struct RequestOutput {
 using OutputSink = std::function<void(RequestOutput&&)>;
 
 struct TierUsage {
-  std::string name;             // "device", "host", "disk"
+  std::string name;             // "device", then the configured lower tiers' names
+  kvcache::TierKind kind = kvcache::TierKind::kDevice;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;      // device: blocks referenced by requests (cached free blocks count as free, as in vLLM)
   double usage_ratio = 0;       // used / capacity (0 when capacity 0)
@@ -246,6 +248,8 @@ class Engine {
   EngineStats Stats() const;
   // Tier names by index: "device", then the lower tiers'.
   const std::vector<std::string>& tier_names() const { return tier_names_; }
+  // Tier kinds by the same index: kDevice, then the lower tiers'.
+  const std::vector<kvcache::TierKind>& tier_kinds() const { return tier_kinds_; }
   const EngineOptions& options() const { return options_; }
   int context_length() const { return runner_->context_length(); }
 
@@ -287,6 +291,7 @@ class Engine {
   const Tokenizer* const tokenizer_;
   kvcache::Clock* const clock_;
   std::vector<std::string> tier_names_;
+  std::vector<kvcache::TierKind> tier_kinds_;
 
   // Shared with other threads (mu_).
   mutable std::mutex mu_;

@@ -92,10 +92,11 @@ json CacheStatsJson(const scheduler::EngineStats& s) {
   json tiers = json::array();
   for (const auto& u : s.tiers) {
     json t = {{"name", u.name},
+              {"kind", std::string(kvcache::TierKindName(u.kind))},
               {"capacity_bytes", u.capacity_bytes},
               {"used_bytes", u.used_bytes},
               {"usage_ratio", u.usage_ratio}};
-    if (u.name == "device") {
+    if (u.kind == kvcache::TierKind::kDevice) {
       t["hits"] = HitsJson(kv.device);
     } else if (auto it = lower.find(u.name); it != lower.end()) {
       const auto& l = *it->second;
@@ -200,23 +201,30 @@ void AdminRoutes::Lookup(const HttpRequest& req, const std::shared_ptr<ResponseW
   }
   if (tokens.empty()) return SendError(w, ApiError::BadRequest("the prompt is empty", "tokens"));
 
-  const std::vector<std::string> names = frontend_.engine().tier_names();
   const size_t prompt_tokens = tokens.size();
-  const bool posted = frontend_.engine().Post([w, names, tokens = std::move(tokens), salt = std::move(salt),
+  const bool posted = frontend_.engine().Post([w, tokens = std::move(tokens), salt = std::move(salt),
                            prompt_tokens](kvcache::KvManager& kv) {
     const kvcache::PrefixMatch m = kv.Match(tokens, salt);
-    json by_tier = {{"device", m.device_tokens}, {"host", 0}, {"disk", 0}};
+    // by_tier: by kind, every kind of the table present (as the API's
+    // cached_tokens_by_tier); by_tier_name: by configured tier name.
+    json by_tier = json::object();
+    for (kvcache::TierKind k : kvcache::kAllTierKinds) by_tier[std::string(kvcache::TierKindName(k))] = 0;
+    json by_name = json::object();
+    by_tier["device"] = m.device_tokens;
+    by_name[std::string(kv.tier_name(kvcache::kDeviceTier))] = m.device_tokens;
     for (size_t i = 0; i < m.lower_tier_tokens.size(); ++i) {
-      const std::string name =
-          i + 1 < names.size() ? names[i + 1] : std::string(kv.tier_name(static_cast<int>(i + 1)));
-      by_tier[name] = m.lower_tier_tokens[i];
+      const int tier = static_cast<int>(i + 1);
+      by_tier[std::string(kvcache::TierKindName(kv.tier_kind(tier)))] =
+          by_tier[std::string(kvcache::TierKindName(kv.tier_kind(tier)))].get<int64_t>() + m.lower_tier_tokens[i];
+      by_name[std::string(kv.tier_name(tier))] = m.lower_tier_tokens[i];
     }
     const int bs = kv.options().block_size;
     SendJson(w, json{{"prompt_tokens", prompt_tokens},
                      {"cached_tokens", m.total()},
                      {"blocks", bs > 0 ? m.total() / bs : 0},
                      {"block_size", bs},
-                     {"by_tier", by_tier}});
+                     {"by_tier", by_tier},
+                     {"by_tier_name", by_name}});
   });
   if (!posted) SendError(w, ApiError::Unavailable("the engine is shutting down"));
 }

@@ -140,15 +140,22 @@ struct EventQueue {
   std::deque<std::pair<int, scheduler::RequestOutput>> events;
 };
 
-void AddTier(pb::CachedTokensByTier* t, const std::string& name, int32_t tokens) {
-  if (name == "device")
-    t->set_device(t->device() + tokens);
-  else if (name == "host")
-    t->set_host(t->host() + tokens);
-  else if (name == "disk")
-    t->set_disk(t->disk() + tokens);
-  else
-    t->set_remote(t->remote() + tokens);  // any further tier is remote storage
+// The message's fields are the kinds of kvcache/tier_kind.h, one each.
+void AddTier(pb::CachedTokensByTier* t, kvcache::TierKind kind, int32_t tokens) {
+  switch (kind) {
+    case kvcache::TierKind::kDevice:
+      t->set_device(t->device() + tokens);
+      return;
+    case kvcache::TierKind::kHost:
+      t->set_host(t->host() + tokens);
+      return;
+    case kvcache::TierKind::kDisk:
+      t->set_disk(t->disk() + tokens);
+      return;
+    case kvcache::TierKind::kRemote:
+      t->set_remote(t->remote() + tokens);
+      return;
+  }
 }
 
 // One access log line per call, as HTTP writes one per request, and the
@@ -275,10 +282,11 @@ class GrpcService final : public pb::Strata::Service {
     for (const auto& t : s.tiers) {
       pb::TierStats* o = resp->add_tiers();
       o->set_name(t.name);
+      o->set_kind(std::string(kvcache::TierKindName(t.kind)));
       o->set_capacity_bytes(t.capacity_bytes);
       o->set_used_bytes(t.used_bytes);
       o->set_usage_ratio(t.usage_ratio);
-      if (t.name == "device") {
+      if (t.kind == kvcache::TierKind::kDevice) {
         o->set_hit_tokens(s.kv.device.tokens);
       } else {
         for (const auto& lt : s.kv.tiers)
@@ -407,9 +415,9 @@ class GrpcService final : public pb::Strata::Service {
     usage->set_total_tokens(totals.prompt + totals.completion_sum());
     usage->set_cached_tokens(totals.cached);
     pb::CachedTokensByTier* by_tier = usage->mutable_cached_tokens_by_tier();  // also when all 0
-    const std::vector<std::string>& tier_names = frontend_.engine().tier_names();
-    for (size_t t = 0; t < totals.by_tier.size() && t < tier_names.size(); ++t)
-      AddTier(by_tier, tier_names[t], totals.by_tier[t]);
+    const std::vector<kvcache::TierKind>& tier_kinds = frontend_.engine().tier_kinds();
+    for (size_t t = 0; t < totals.by_tier.size() && t < tier_kinds.size(); ++t)
+      AddTier(by_tier, tier_kinds[t], totals.by_tier[t]);
     if (!writer->Write(msg)) return broken();
     return grpc::Status::OK;
   }

@@ -238,11 +238,14 @@ size_t ServerMetrics::tracked_requests() const {
 }
 
 void ServerMetrics::ObserveDelta(prometheus::Family<prometheus::Histogram>& family, const std::string& key,
-                                 const std::string& tier, const kvcache::TierLatencyCounts& counts, int64_t nanos) {
-  DeltaHistogram& d = hist_deltas_[key + "|" + tier];
+                                 const std::map<std::string, std::string>& labels,
+                                 const kvcache::TierLatencyCounts& counts, int64_t nanos) {
+  std::string k = key;
+  for (const auto& [name, v] : labels) k += "|" + name + "=" + v;
+  DeltaHistogram& d = hist_deltas_[k];
   if (d.histogram == nullptr) {
     Histogram::BucketBoundaries bounds(kvcache::kTierLatencyBounds.begin(), kvcache::kTierLatencyBounds.end());
-    d.histogram = &family.Add({{"tier", tier}}, bounds);
+    d.histogram = &family.Add(labels, bounds);
   }
   // A count that went down means a new engine or tier: count from zero.
   bool restarted = nanos < d.last_nanos;
@@ -272,9 +275,8 @@ void ServerMetrics::SetDelta(prometheus::Family<prometheus::Counter>& family,
   d.last = value;
 }
 
-prometheus::Gauge& ServerMetrics::TierGauge(prometheus::Family<prometheus::Gauge>& family,
-                                            const std::string& tier) {
-  return family.Add({{"tier", tier}});
+std::map<std::string, std::string> ServerMetrics::TierLabels(kvcache::TierKind kind, const std::string& name) {
+  return {{"tier", std::string(kvcache::TierKindName(kind))}, {"tier_name", name}};
 }
 
 std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
@@ -287,13 +289,15 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
     device_blocks_->Add({{"state", "cached"}}).Set(s.kv.device_pool.cached);
     device_blocks_->Add({{"state", "free"}}).Set(s.kv.device_pool.free);
     for (const auto& tier : s.tiers) {
-      TierGauge(*usage_ratio_, tier.name).Set(tier.usage_ratio);
-      TierGauge(*used_bytes_, tier.name).Set(static_cast<double>(tier.used_bytes));
-      TierGauge(*capacity_bytes_, tier.name).Set(static_cast<double>(tier.capacity_bytes));
+      const auto labels = TierLabels(tier.kind, tier.name);
+      usage_ratio_->Add(labels).Set(tier.usage_ratio);
+      used_bytes_->Add(labels).Set(static_cast<double>(tier.used_bytes));
+      capacity_bytes_->Add(labels).Set(static_cast<double>(tier.capacity_bytes));
     }
 
     SetDelta(*cache_queries_, "queries", {}, static_cast<double>(s.kv.query_tokens));
-    SetDelta(*cache_hits_, "hits", {{"tier", "device"}}, static_cast<double>(s.kv.device.tokens));
+    SetDelta(*cache_hits_, "hits", TierLabels(kvcache::TierKind::kDevice, s.tiers.empty() ? "device" : s.tiers[0].name),
+             static_cast<double>(s.kv.device.tokens));
     SetDelta(*preemptions_, "preemptions", {}, static_cast<double>(s.preemptions));
     SetDelta(*engine_steps_, "steps", {}, static_cast<double>(s.steps));
     SetDelta(*engine_step_seconds_, "step_seconds", {}, Seconds(s.step_nanos));
@@ -303,7 +307,7 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
     SetDelta(*rejected_, "rejected", {}, static_cast<double>(s.rejected_queue_full));
     SetDelta(*device_evictions_, "evictions", {}, static_cast<double>(s.kv.device_pool.evictions));
     for (const auto& t : s.kv.tiers) {
-      const std::map<std::string, std::string> tier{{"tier", t.name}};
+      const std::map<std::string, std::string> tier = TierLabels(t.kind, t.name);
       SetDelta(*cache_hits_, "hits", tier, static_cast<double>(t.hits.tokens));
       SetDelta(*tier_written_, "written", tier, static_cast<double>(t.bytes_down));
       SetDelta(*tier_read_, "read", tier, static_cast<double>(t.bytes_up));
@@ -314,8 +318,8 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
       SetDelta(*tier_writebacks_, "writebacks", tier, static_cast<double>(t.writebacks));
       SetDelta(*tier_writebacks_dropped_, "writebacks_dropped", tier, static_cast<double>(t.writebacks_dropped));
       SetDelta(*tier_corrupt_, "corrupt", tier, static_cast<double>(t.corrupt_blocks));
-      ObserveDelta(*tier_load_latency_, "load_latency", t.name, t.load_latency, t.load_nanos);
-      ObserveDelta(*tier_write_latency_, "write_latency", t.name, t.write_latency, t.write_nanos);
+      ObserveDelta(*tier_load_latency_, "load_latency", tier, t.load_latency, t.load_nanos);
+      ObserveDelta(*tier_write_latency_, "write_latency", tier, t.write_latency, t.write_nanos);
     }
     SetDelta(*prefetches_, "prefetch_started", {{"outcome", "started"}}, static_cast<double>(s.prefetches_started));
     SetDelta(*prefetches_, "prefetch_used", {{"outcome", "used"}}, static_cast<double>(s.prefetches_used));

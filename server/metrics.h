@@ -87,11 +87,13 @@ class ServerMetrics final : public RequestObserver {
   // Feeds a histogram from cumulative per-bucket counts (kvcache's tier
   // latency buckets) by the change since the last scrape.
   void ObserveDelta(prometheus::Family<prometheus::Histogram>& family, const std::string& key,
-                    const std::string& tier, const kvcache::TierLatencyCounts& counts, int64_t nanos);
+                    const std::map<std::string, std::string>& labels, const kvcache::TierLatencyCounts& counts,
+                    int64_t nanos);
   void SetDelta(prometheus::Family<prometheus::Counter>& family, const std::string& key,
                 const std::map<std::string, std::string>& labels, double value);
-  prometheus::Gauge& TierGauge(prometheus::Family<prometheus::Gauge>& family,
-                               const std::string& tier);
+  // The labels of a per-tier series: `tier`, its kind from the table of
+  // kvcache/tier_kind.h, and `tier_name`, its configured name.
+  static std::map<std::string, std::string> TierLabels(kvcache::TierKind kind, const std::string& name);
 
   const std::string model_name_;
   std::shared_ptr<prometheus::Registry> registry_;

@@ -650,33 +650,17 @@ std::optional<ApiError> ParseDetokenizeRequest(std::string_view body, std::strin
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json UsageJson(const Usage& u) {
+  json by_tier = json::object();
+  for (kvcache::TierKind k : kvcache::kAllTierKinds)
+    by_tier[std::string(kvcache::TierKindName(k))] = u.cached_by_kind[kvcache::TierKindIndex(k)];
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
               {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details",
-               {{"cached_tokens", u.cached_tokens},
-                {"cached_tokens_by_tier",
-                 {{"device", u.cached_device},
-                  {"host", u.cached_host},
-                  {"disk", u.cached_disk},
-                  {"remote", u.cached_remote}}}}}};
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}, {"cached_tokens_by_tier", by_tier}}}};
 }
 
-void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const std::string> tier_names,
-                     Usage* u) {
-  for (size_t i = 0; i < by_tier.size(); ++i) {
-    std::string_view name =
-        i < tier_names.size() ? std::string_view(tier_names[i]) : std::string_view();
-    if (i == 0 || name == "device") {
-      u->cached_device += by_tier[i];
-    } else if (name == "host") {
-      u->cached_host += by_tier[i];
-    } else if (name == "disk") {
-      u->cached_disk += by_tier[i];
-    } else {
-      u->cached_remote += by_tier[i];
-    }
-  }
+void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const kvcache::TierKind> tier_kinds, Usage* u) {
+  for (size_t i = 0; i < by_tier.size() && i < tier_kinds.size(); ++i) u->cached(tier_kinds[i]) += by_tier[i];
 }
 
 std::vector<LogprobEntry> RenderLogprobs(const Tokenizer& tokenizer, std::span<const int32_t> ids,

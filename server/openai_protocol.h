@@ -14,6 +14,7 @@
 //
 // Thread-safety: pure functions.
 
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -23,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvcache/tier_kind.h"
 #include "model/sampler.h"
 #include "model/tokenizer/tokenizer.h"
 #include "server/api_types.h"
@@ -47,17 +49,19 @@ struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // all choices
   int64_t cached_tokens = 0;
-  // prompt_tokens_details.cached_tokens_by_tier.
-  int64_t cached_device = 0, cached_host = 0, cached_disk = 0, cached_remote = 0;
+  // prompt_tokens_details.cached_tokens_by_tier, indexed by
+  // kvcache::TierKindIndex (every tier of a kind adds to its entry).
+  std::array<int64_t, kvcache::kNumTierKinds> cached_by_kind{};
+  int64_t& cached(kvcache::TierKind k) { return cached_by_kind[kvcache::TierKindIndex(k)]; }
 };
 // {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
 //  {"cached_tokens", "cached_tokens_by_tier": {"device","host","disk","remote"}}}
 // (every field present, also when 0).
 nlohmann::json UsageJson(const Usage& usage);
 // Adds engine cached-token counts by tier (index 0 device, then lower tiers,
-// named by `tier_names`) into `usage`'s tier fields; an unknown name counts
-// as "remote".
-void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const std::string> tier_names,
+// of the kinds in `tier_kinds`, Engine::tier_kinds()) into `usage`'s entry
+// for each kind. REQUIRES: tier_kinds.size() >= by_tier.size().
+void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const kvcache::TierKind> tier_kinds,
                      Usage* usage);
 
 // One generated token with its logprob and the top alternatives, as text.

@@ -258,7 +258,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     u.prompt_tokens = prompt_tokens_;
     for (const Choice& c : choices_) u.completion_tokens += c.completion_tokens;
     u.cached_tokens = cached_tokens_;
-    AddCachedByTier(cached_by_tier_, fe_.engine().tier_names(), &u);
+    AddCachedByTier(cached_by_tier_, fe_.engine().tier_kinds(), &u);
     return u;
   }
 

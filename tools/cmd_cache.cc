@@ -99,7 +99,7 @@ void PrintStats(const json& j) {
   std::printf("\n%-8s %12s %12s %7s %12s %12s %12s %10s\n", "tier", "capacity", "used", "usage",
               "hit tokens", "written", "read", "load fails");
   for (const json& t : j.value("tiers", json::array())) {
-    const bool device = t.value("name", std::string()) == "device";
+    const bool device = t.value("kind", std::string()) == "device";
     const json& hits = t.value("hits", json::object());
     auto opt = [&](const char* key) { return device ? std::string("-") : Bytes(Num(t, key)); };
     std::printf(

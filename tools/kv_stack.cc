@@ -26,81 +26,67 @@ Result<int> DeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layou
   return static_cast<int>(std::min<uint64_t>(blocks, 1u << 30));
 }
 
+namespace {
+
+// kv.load_policy auto: measures recompute speed and each tier's read rate
+// now, before any request owns a device block (see kv_estimate.h), fills
+// them into `o` and `lowers`, and logs them.
+void MeasureLoadRates(const kvcache::KvCacheConfig& kv, const std::vector<kvcache::TierSpec>& specs,
+                      ForwardEngine& engine, uint64_t block_bytes, kvcache::KvManagerOptions* o,
+                      std::vector<kvcache::LowerTier>* lowers) {
+  const uint64_t sample = block_bytes * std::min<uint64_t>(16, std::max<uint64_t>(1, (64u << 20) / block_bytes));
+  o->recompute_tokens_per_s = MeasureRecomputeRate(engine);
+  std::string line =
+      "kv load policy auto: recompute " + std::to_string(static_cast<int64_t>(o->recompute_tokens_per_s)) + " tokens/s";
+  const double block_compute_ms = o->recompute_tokens_per_s > 0 ? 1e3 * kv.block_size / o->recompute_tokens_per_s : 0;
+  for (size_t i = 0; i < lowers->size(); ++i) {
+    kvcache::LowerTier& t = (*lowers)[i];
+    const kvcache::TierSpec& spec = specs[i];
+    if (spec.kind == kvcache::TierKind::kHost) {
+      t.read_bytes_per_s = MeasureMemcpyRate(sample);
+    } else if (spec.kind == kvcache::TierKind::kDisk) {
+      // The store pads each slot to whole 4 KiB pages for O_DIRECT; so does the probe.
+      const uint64_t io_bytes = (block_bytes + 4095) / 4096 * 4096;
+      auto r = MeasureDirectReadRate(spec.path, io_bytes, static_cast<int>(sample / block_bytes));
+      if (r) {
+        t.read_bytes_per_s = *r * static_cast<double>(block_bytes) / static_cast<double>(io_bytes);  // useful bytes/s
+      } else {
+        STRATA_LOG_WARN("kv load policy auto: {} read rate unknown ({}); its hits are always loaded", spec.name,
+                        r.error().ToString());
+      }
+    }
+    char buf[200];
+    if (t.read_bytes_per_s > 0) {
+      std::snprintf(buf, sizeof buf, "; %s %.2f GB/s (a block: load %.3f ms vs recompute %.3f ms)", spec.name.c_str(),
+                    t.read_bytes_per_s / 1e9, 1e3 * static_cast<double>(block_bytes) / t.read_bytes_per_s,
+                    block_compute_ms);
+    } else {
+      std::snprintf(buf, sizeof buf, "; %s rate unknown (hits are loaded)", spec.name.c_str());
+    }
+    line += buf;
+  }
+  STRATA_LOG_INFO("{}", line);
+}
+
+}  // namespace
+
 Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
                                              ForwardEngine& engine, kvcache::Clock* clock) {
   auto stack = std::make_unique<KvStack>();
   const uint64_t block_bytes = engine.kv_layout().block_bytes();
-  std::vector<kvcache::LowerTier> lowers;
-  if (kv.host_enabled()) {
-    kvcache::HostStoreOptions ho;
-    ho.capacity_bytes = kv.host_bytes;
-    ho.block_bytes = block_bytes;
-    ho.pin = kv.host_pin;
-    STRATA_ASSIGN_OR_RETURN(stack->host, kvcache::HostStore::Create(ho));
-    if (stack->host->num_slots() == 0)
-      return Status::InvalidArgument("--kv-host-bytes (kv.host_bytes) " + std::to_string(kv.host_bytes) +
-                                     " is smaller than one KV block (" + std::to_string(block_bytes) + " bytes)");
-    lowers.push_back({stack->host.get(), kv.host_write_policy, 0, 0});
-  }
-  if (kv.disk_enabled()) {
-    if (block_bytes < 4096)
-      return Status::InvalidArgument("the disk KV tier (--kv-disk-path) needs blocks of at least 4096 bytes; this "
-                                     "model's blocks are " + std::to_string(block_bytes) +
-                                     " bytes: raise --kv-block-size or use a wider --kv-dtype");
-    kvcache::DiskStoreOptions d;
-    d.directory = kv.disk_path;
-    d.capacity_bytes = kv.disk_bytes;
-    d.block_bytes = block_bytes;
-    d.grow_bytes = std::min<uint64_t>(d.grow_bytes, kv.disk_bytes);
-    auto disk = kvcache::DiskStore::Open(d);
-    if (!disk) return disk.error().WithContext("--kv-disk-path " + kv.disk_path);
-    stack->disk = std::move(*disk);
-    lowers.push_back({stack->disk.get(), kv.disk_write_policy, kv.disk_admit_after, 0});
-  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<kvcache::TierSpec> specs, kvcache::LowerTierSpecs(kv));
+  STRATA_ASSIGN_OR_RETURN(kvcache::OpenedTiers tiers, kvcache::OpenTiers(specs, block_bytes));
+  stack->stores = std::move(tiers.stores);
   kvcache::KvManagerOptions o;
-  if (kv.load_policy == kvcache::LoadPolicy::kAuto && !lowers.empty()) {
-    // Measured now, before any request owns a device block (see kv_estimate.h).
-    const uint64_t sample = block_bytes * std::min<uint64_t>(16, std::max<uint64_t>(1, (64u << 20) / block_bytes));
-    o.recompute_tokens_per_s = MeasureRecomputeRate(engine);
-    std::string line = "kv load policy auto: recompute " + std::to_string(static_cast<int64_t>(o.recompute_tokens_per_s)) +
-                       " tokens/s";
-    const double block_compute_ms =
-        o.recompute_tokens_per_s > 0 ? 1e3 * kv.block_size / o.recompute_tokens_per_s : 0;
-    for (auto& t : lowers) {
-      if (t.store == stack->host.get()) {
-        t.read_bytes_per_s = MeasureMemcpyRate(sample);
-      } else if (t.store == stack->disk.get()) {
-        // The store pads each slot to whole 4 KiB pages for O_DIRECT; so does the probe.
-        const uint64_t io_bytes = (block_bytes + 4095) / 4096 * 4096;
-        auto r = MeasureDirectReadRate(kv.disk_path, io_bytes, static_cast<int>(sample / block_bytes));
-        if (r) *r *= static_cast<double>(block_bytes) / static_cast<double>(io_bytes);  // useful bytes/s
-        if (r) {
-          t.read_bytes_per_s = *r;
-        } else {
-          STRATA_LOG_WARN("kv load policy auto: disk read rate unknown ({}); disk hits are always loaded",
-                          r.error().ToString());
-        }
-      }
-      char buf[160];
-      if (t.read_bytes_per_s > 0) {
-        std::snprintf(buf, sizeof buf, "; %s %.2f GB/s (a block: load %.3f ms vs recompute %.3f ms)",
-                      std::string(t.store->name()).c_str(), t.read_bytes_per_s / 1e9,
-                      1e3 * static_cast<double>(block_bytes) / t.read_bytes_per_s, block_compute_ms);
-      } else {
-        std::snprintf(buf, sizeof buf, "; %s rate unknown (hits are loaded)", std::string(t.store->name()).c_str());
-      }
-      line += buf;
-    }
-    STRATA_LOG_INFO("{}", line);
-  }
+  if (kv.load_policy == kvcache::LoadPolicy::kAuto && !tiers.lowers.empty())
+    MeasureLoadRates(kv, specs, engine, block_bytes, &o, &tiers.lowers);
   o.block_size = kv.block_size;
   o.num_device_blocks = engine.num_blocks();
   o.block_bytes = block_bytes;
   o.ns = kvcache::NamespaceDigest(m.weights.digest, m.weights.config.arch, kv.dtype, kv.block_size);
   o.load_policy = kv.load_policy;
   auto mem = [e = &engine](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
-  STRATA_ASSIGN_OR_RETURN(stack->manager,
-                          kvcache::KvManager::Create(o, mem, std::move(lowers), clock));
+  STRATA_ASSIGN_OR_RETURN(stack->manager, kvcache::KvManager::Create(o, mem, std::move(tiers.lowers), clock));
   return stack;
 }
 

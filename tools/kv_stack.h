@@ -1,14 +1,13 @@
 #pragma once
 // The KV cache stack behind a command that runs the model (generate, serve):
-// the device pool lives in the ForwardEngine; host and disk tiers as the
-// kv.* config enables them; the KvManager over all of them.
+// the device pool lives in the ForwardEngine; the lower tiers as the kv.*
+// config lists them (kv.tiers or its shorthands), opened by the tier
+// registry; the KvManager over all of them.
 
 #include <memory>
 
 #include "common/status.h"
 #include "kvcache/clock.h"
-#include "kvcache/disk_store.h"
-#include "kvcache/host_store.h"
 #include "kvcache/kv_config.h"
 #include "kvcache/kv_manager.h"
 #include "model/backend/kv_layout.h"
@@ -18,10 +17,9 @@
 namespace strata::cli {
 
 // The KV cache behind one generation: device pool in the engine, then the
-// host and disk tiers the config enables.
+// lower tiers the config lists (kvcache/tier_registry.h), in chain order.
 struct KvStack {
-  std::unique_ptr<kvcache::HostStore> host;
-  std::unique_ptr<kvcache::DiskStore> disk;
+  std::vector<std::unique_ptr<kvcache::BlockStore>> stores;
   std::unique_ptr<kvcache::KvManager> manager;  // destroyed first (drains the stores)
   ~KvStack() { manager.reset(); }
 };
@@ -36,8 +34,8 @@ Result<int> DeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layou
 Result<int> ServingDeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layout, int context_length,
                                 int max_seqs, uint64_t default_cap_bytes);
 
-// Opens the lower tiers the config enables and the manager over `engine`'s
-// blocks. Errors name the flag or key at fault.
+// Opens the lower tiers the config lists and the manager over `engine`'s
+// blocks. Errors name the flag, key or tier at fault.
 Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
                                              ForwardEngine& engine, kvcache::Clock* clock);
 

@@ -112,6 +112,35 @@ TEST(ConfigTest, TypedGettersAndErrorsNameTheKey) {
   EXPECT_FALSE(Config::Parse("a: [1, 2", "broken.yaml"));
 }
 
+TEST(ConfigTest, MapListsGiveEachElementItsOwnOrigin) {
+  auto c = Config::Parse("kv:\n  tiers:\n    - {kind: host, bytes: 1G}\n    - kind: disk\n      bytes: x\n", "t.yaml");
+  ASSERT_TRUE(c.ok());
+  auto list = c->GetMapList("kv.tiers");
+  ASSERT_TRUE(list.ok()) << list.error().ToString();
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].GetString("kind", "").value(), "host");
+  EXPECT_EQ((*list)[0].GetBytes("bytes", 0).value(), 1ull << 30);
+  EXPECT_EQ((*list)[1].origin(), "t.yaml: kv.tiers[1]");
+  auto bad = (*list)[1].GetBytes("bytes", 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("t.yaml: kv.tiers[1]"), std::string::npos) << bad.error().message();
+  // The list is one leaf key; absent is an empty list.
+  auto leaves = c->LeafKeys();
+  EXPECT_EQ(leaves, std::vector<std::string>{"kv.tiers"});
+  EXPECT_TRUE(c->GetMapList("kv.other")->empty());
+  // Not a list, or an element that is not a mapping: errors naming the key.
+  auto scalar = Config::Parse("kv:\n  tiers: 3\n", "s.yaml");
+  ASSERT_TRUE(scalar.ok());
+  auto e = scalar->GetMapList("kv.tiers");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message().find("'kv.tiers' must be a list of mappings"), std::string::npos);
+  auto plain = Config::Parse("kv:\n  tiers: [host, disk]\n", "p.yaml");
+  ASSERT_TRUE(plain.ok());
+  e = plain->GetMapList("kv.tiers");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message().find("kv.tiers[0] must be a mapping"), std::string::npos) << e.error().message();
+}
+
 TEST(ConfigTest, ByteSizes) {
   EXPECT_EQ(*ParseByteSize("512K"), 512u << 10);
   EXPECT_EQ(*ParseByteSize("64M"), 64u << 20);

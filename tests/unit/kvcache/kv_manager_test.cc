@@ -40,6 +40,7 @@ class FailingReads final : public BlockStore {
   explicit FailingReads(BlockStore* inner) : inner_(inner) {}
   std::set<std::string> fail;  // hex digests
   std::string_view name() const override { return "failing"; }
+  TierKind kind() const override { return TierKind::kHost; }
   StoreStats stats() const override { return inner_->stats(); }
   bool Contains(const BlockHash& h) const override { return inner_->Contains(h); }
   size_t CountPrefix(std::span<const BlockHash> c) const override { return inner_->CountPrefix(c); }

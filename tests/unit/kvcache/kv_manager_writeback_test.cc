@@ -68,6 +68,7 @@ class HeldStore final : public BlockStore {
  public:
   explicit HeldStore(std::unique_ptr<HostStore> inner) : inner_(std::move(inner)) {}
   std::string_view name() const override { return "held"; }
+  TierKind kind() const override { return TierKind::kHost; }
   StoreStats stats() const override { return inner_->stats(); }
   bool Contains(const BlockHash& h) const override { return inner_->Contains(h); }
   size_t CountPrefix(std::span<const BlockHash> chain) const override { return inner_->CountPrefix(chain); }

@@ -336,7 +336,8 @@ TEST_F(AdminRoutesTest, StatsAndMetricsDescribeTheSameEngine) {
   EXPECT_GT(s["tiers"][1]["bytes_written"].get<uint64_t>(), 0u);
   EXPECT_GT(s["tiers"][1]["used_bytes"].get<uint64_t>(), 0u);
 
-  // The exposition agrees with the engine and the events.
+  // The exposition agrees with the engine and the events. Per-tier series
+  // carry the kind (`tier`) and the configured name (`tier_name`).
   std::map<std::string, double> m;
   std::istringstream in(metrics_->Render(engine_->Stats()));
   for (std::string line; std::getline(in, line);) {
@@ -351,12 +352,12 @@ TEST_F(AdminRoutesTest, StatsAndMetricsDescribeTheSameEngine) {
   EXPECT_EQ(m["strata_inter_token_latency_seconds_count" + l + "}"], 4 + 2);
   EXPECT_EQ(m["strata_e2e_request_latency_seconds_count" + l + "}"], 2);
   EXPECT_EQ(m["strata_prefix_cache_queries_total" + l + "}"], 2.0 * static_cast<double>(n));
-  EXPECT_EQ(m["strata_prefix_cache_hits_total" + l + ",tier=\"device\"}"], hit);
-  EXPECT_EQ(m["strata_prefix_cache_hits_total" + l + ",tier=\"host\"}"], 0);
+  EXPECT_EQ(m["strata_prefix_cache_hits_total" + l + ",tier=\"device\",tier_name=\"device\"}"], hit);
+  EXPECT_EQ(m["strata_prefix_cache_hits_total" + l + ",tier=\"host\",tier_name=\"host\"}"], 0);
   EXPECT_EQ(m["strata_num_requests_running" + l + "}"], 0);
   EXPECT_EQ(m["strata_kv_device_blocks_in_use" + l + "}"], 0);
-  EXPECT_GT(m["strata_kv_tier_bytes_written_total" + l + ",tier=\"host\"}"], 0);
-  EXPECT_GT(m["strata_kv_cache_usage_ratio" + l + ",tier=\"host\"}"], 0);
+  EXPECT_GT(m["strata_kv_tier_bytes_written_total" + l + ",tier=\"host\",tier_name=\"host\"}"], 0);
+  EXPECT_GT(m["strata_kv_cache_usage_ratio" + l + ",tier=\"host\",tier_name=\"host\"}"], 0);
   EXPECT_EQ(metrics_->tracked_requests(), 0u);
 }
 

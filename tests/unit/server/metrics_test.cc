@@ -58,7 +58,10 @@ scheduler::EngineStats Snapshot(uint64_t scale) {
   s.preemptions = 1 * scale;
   s.rejected_queue_full = 4 * scale;
   s.device_blocks_in_use = 7;
-  s.tiers = {{"device", 1000, 250, 0.25}, {"host", 4000, 1000, 0.25}, {"disk", 8000, 6000, 0.75}};
+  using kvcache::TierKind;
+  s.tiers = {{"device", TierKind::kDevice, 1000, 250, 0.25},
+             {"host", TierKind::kHost, 4000, 1000, 0.25},
+             {"disk", TierKind::kDisk, 8000, 6000, 0.75}};
   s.kv.query_tokens = 100 * scale;
   s.kv.device.tokens = 32 * scale;
   s.kv.device_pool.in_use = 7;
@@ -76,6 +79,7 @@ scheduler::EngineStats Snapshot(uint64_t scale) {
   host.load_latency[12] = 1 * scale;  // > 1 s (the open bucket)
   kvcache::LowerTierStats disk;
   disk.name = "disk";
+  disk.kind = TierKind::kDisk;
   disk.hits.tokens = 8 * scale;
   disk.bytes_down = 8192 * scale;
   disk.bytes_up = 1024 * scale;
@@ -191,8 +195,10 @@ TEST(ServerMetricsTest, EngineSnapshotSetsGaugesAndGrowsCountersByDelta) {
   ServerMetrics metrics("tiny", 256);
   auto m = Parse(metrics.Render(Snapshot(1)));
   const std::string l = "{model_name=\"tiny\"}";
+  // Per-tier series carry the kind (`tier`) and the configured name
+  // (`tier_name`; the default names equal the kinds).
   auto tier = [](const std::string& name, const std::string& t) {
-    return name + "{model_name=\"tiny\",tier=\"" + t + "\"}";
+    return name + "{model_name=\"tiny\",tier=\"" + t + "\",tier_name=\"" + t + "\"}";
   };
   EXPECT_EQ(Get(m, "strata_num_requests_running" + l), 3);
   EXPECT_EQ(Get(m, "strata_num_requests_waiting" + l), 2);
@@ -224,7 +230,8 @@ TEST(ServerMetricsTest, EngineSnapshotSetsGaugesAndGrowsCountersByDelta) {
   EXPECT_EQ(Get(m, tier("strata_kv_tier_corrupt_blocks_total", "disk")), 2);
   EXPECT_EQ(Get(m, tier("strata_kv_tier_load_latency_seconds_count", "host")), 3);
   EXPECT_DOUBLE_EQ(Get(m, tier("strata_kv_tier_load_latency_seconds_sum", "host")), 0.5);
-  const std::string hb = "strata_kv_tier_load_latency_seconds_bucket{model_name=\"tiny\",tier=\"host\",le=";
+  const std::string hb =
+      "strata_kv_tier_load_latency_seconds_bucket{model_name=\"tiny\",tier=\"host\",tier_name=\"host\",le=";
   EXPECT_EQ(Get(m, hb + "\"0.0005\"}"), 0);
   EXPECT_EQ(Get(m, hb + "\"0.001\"}"), 2);
   EXPECT_EQ(Get(m, hb + "\"1\"}"), 2);

@@ -386,8 +386,8 @@ Usage SomeUsage() {
   u.prompt_tokens = 10;
   u.completion_tokens = 4;
   u.cached_tokens = 8;
-  u.cached_device = 4;
-  u.cached_host = 4;
+  u.cached(kvcache::TierKind::kDevice) = 4;
+  u.cached(kvcache::TierKind::kHost) = 4;
   return u;
 }
 
@@ -404,14 +404,22 @@ TEST(OpenAiProtocol, UsageAlwaysHasCachedTokensByTier) {
   EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 8);
   EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens_by_tier"]["host"], 4);
 
+  // Tiers are counted by kind (the interface took names before, and mapped
+  // any unknown name to remote); two tiers of one kind add up.
+  using kvcache::TierKind;
   Usage t;
-  const std::vector<int32_t> by_tier = {2, 3, 5, 7};
-  const std::vector<std::string> names = {"device", "host", "disk", "peer"};
-  AddCachedByTier(by_tier, names, &t);
-  EXPECT_EQ(t.cached_device, 2);
-  EXPECT_EQ(t.cached_host, 3);
-  EXPECT_EQ(t.cached_disk, 5);
-  EXPECT_EQ(t.cached_remote, 7);
+  const std::vector<int32_t> by_tier = {2, 3, 5, 7, 11};
+  const std::vector<TierKind> kinds = {TierKind::kDevice, TierKind::kHost, TierKind::kDisk, TierKind::kRemote,
+                                       TierKind::kHost};
+  AddCachedByTier(by_tier, kinds, &t);
+  EXPECT_EQ(t.cached(TierKind::kDevice), 2);
+  EXPECT_EQ(t.cached(TierKind::kHost), 3 + 11);
+  EXPECT_EQ(t.cached(TierKind::kDisk), 5);
+  EXPECT_EQ(t.cached(TierKind::kRemote), 7);
+  json j = UsageJson(t);
+  for (TierKind k : kvcache::kAllTierKinds)
+    EXPECT_EQ(j["prompt_tokens_details"]["cached_tokens_by_tier"][std::string(kvcache::TierKindName(k))],
+              t.cached(k));
 }
 
 TEST(OpenAiProtocol, NonStreamingBodies) {
