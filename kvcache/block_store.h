@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/memory_segment.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "kvcache/tier_kind.h"
@@ -47,6 +48,16 @@ class BlockStore {
   // What memory the store keeps blocks in (the API and metrics report
   // tiers by kind: kvcache/tier_kind.h).
   virtual TierKind kind() const = 0;
+  // The host memory the store keeps block bytes in, when a copy engine may
+  // read it directly (HostStore's slot arena; the bytes an eviction listener
+  // is given lie in it), with its kind; empty for stores whose bytes are
+  // reached only through their own I/O (disk) or that hold none. Valid for
+  // the store's lifetime.
+  struct Memory {
+    std::span<uint8_t> bytes;
+    SegmentKind kind = SegmentKind::kHost;
+  };
+  virtual Memory memory() { return {}; }
   virtual StoreStats stats() const = 0;
 
   virtual bool Contains(const BlockHash& h) const = 0;

@@ -139,6 +139,12 @@ HostStore::HostStore(const HostStoreOptions& options, int32_t slots)
   index_.reserve(static_cast<size_t>(slots));
 }
 
+BlockStore::Memory HostStore::memory() {
+  if (metadata_only_ || !buffer_) return {};
+  return {{buffer_.get(), static_cast<size_t>(num_slots()) * block_bytes_},
+          pinned_ ? SegmentKind::kPinnedHost : SegmentKind::kHost};
+}
+
 StoreStats HostStore::stats() const {
   StoreStats s;
   s.capacity_bytes = static_cast<uint64_t>(num_slots()) * block_bytes_;

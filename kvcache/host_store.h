@@ -61,6 +61,7 @@ class HostStore final : public BlockStore {
 
   std::string_view name() const override { return "host"; }
   TierKind kind() const override { return TierKind::kHost; }
+  Memory memory() override;
   StoreStats stats() const override;
   int32_t num_slots() const { return static_cast<int32_t>(slot_hash_.size()); }
 

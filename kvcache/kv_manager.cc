@@ -42,13 +42,35 @@ Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& opt
   if (device_memory && options.block_bytes == 0)
     return Status::InvalidArgument("kv manager: block_bytes must be > 0 with device memory");
   if (clock == nullptr) return Status::InvalidArgument("kv manager: clock is null");
-  return std::unique_ptr<KvManager>(new KvManager(options, std::move(device_memory), std::move(lowers), clock));
+  std::unique_ptr<KvManager> m(new KvManager(options, std::move(device_memory), std::move(lowers), clock));
+  STRATA_RETURN_IF_ERROR(m->RegisterSegments());
+  return m;
+}
+
+Status KvManager::RegisterSegments() {
+  const uint64_t bb = options_.block_bytes;
+  const auto n = static_cast<uint32_t>(options_.num_device_blocks);
+  if (memory_ && n > 0) {
+    uint8_t* base = memory_(BlockId(0));
+    if (memory_(BlockId(n - 1)) != base + static_cast<size_t>(n - 1) * bb)
+      return Status::InvalidArgument("kv manager: device blocks must form one contiguous range");
+    STRATA_ASSIGN_OR_RETURN(device_segment_,
+                            segments_.Register(options_.device_memory_kind, base, n * bb, "device KV pool"));
+  }
+  for (const auto& t : lowers_) {
+    const BlockStore::Memory mem = t.store->memory();
+    if (!mem.bytes.empty())
+      STRATA_RETURN_IF_ERROR(
+          segments_.Register(mem.kind, mem.bytes.data(), mem.bytes.size(), "tier " + t.name).status());
+  }
+  return Status::Ok();
 }
 
 KvManager::KvManager(const KvManagerOptions& options, BlockMemoryFn device_memory,
                      std::vector<LowerTier> lowers, Clock* clock)
     : options_(options),
       memory_(std::move(device_memory)),
+      copy_(std::make_unique<CpuCopyEngine>(&segments_)),
       lowers_(std::move(lowers)),
       clock_(clock),
       pool_(options.num_device_blocks),
@@ -297,7 +319,15 @@ int32_t KvManager::AcquireStaging(bool may_poll) {
   if (free_staging_.empty() && staging_.size() < max_staging_) {
     auto* p = static_cast<uint8_t*>(
         ::operator new[](static_cast<size_t>(options_.block_bytes), std::align_val_t(kStagingAlign)));
+    auto seg = segments_.Register(SegmentKind::kHost, p, options_.block_bytes,
+                                  "staging " + std::to_string(staging_.size()));
+    if (!seg) {  // cannot happen for fresh memory; without a segment the buffer is useless
+      ::operator delete[](p, std::align_val_t(kStagingAlign));
+      STRATA_LOG_WARN("kv manager: staging buffer not registered: {}", seg.error().ToString());
+      return -1;
+    }
     staging_.emplace_back(p);
+    staging_segments_.push_back(*seg);
     staging_refs_.push_back(0);
     free_staging_.push_back(static_cast<int32_t>(staging_.size() - 1));
   }
@@ -327,15 +357,27 @@ bool KvManager::AdmitsWriteBack(size_t t, const BlockHash& h) {
   return true;
 }
 
-bool KvManager::StageOnce(size_t t, int32_t* staging, std::span<const uint8_t> src, bool may_poll) {
+bool KvManager::StageOnce(size_t t, int32_t* staging, const Region& src, bool may_poll) {
   if (*staging >= 0) return true;
   *staging = AcquireStaging(may_poll);
   if (*staging < 0) {
     ++stats_.tiers[t].writebacks_dropped;
     return false;
   }
-  std::memcpy(staging_[static_cast<size_t>(*staging)].get(), src.data(),
-              std::min<size_t>(src.size(), static_cast<size_t>(options_.block_bytes)));
+  const Region dst{staging_segments_[static_cast<size_t>(*staging)], 0, src.length};
+  if (Status s = copy_->Submit(dst, src, 0); !s.ok()) {
+    STRATA_LOG_WARN("kv manager: write-back staging copy refused: {}", s.ToString());
+    free_staging_.push_back(*staging);
+    *staging = -1;
+    ++stats_.tiers[t].writebacks_dropped;
+    return false;
+  }
+  // The caller reuses the source right after (Allocate hands the evicted
+  // block out again; the evicting store overwrites its slot): the copy must
+  // have landed.
+  copy_->Wait(copy_->Fence());
+  copy_done_.clear();
+  copy_->Poll(&copy_done_);
   return true;
 }
 
@@ -356,8 +398,9 @@ void KvManager::WriteBackEvicted() {
       if (!AdmitsWriteBack(t, h)) continue;
       std::span<const uint8_t> data;
       if (memory_) {
-        if (!StageOnce(t, &staging, {static_cast<const uint8_t*>(memory_(block)), block_bytes}, /*may_poll=*/true))
-          continue;
+        const Region src{device_segment_, static_cast<uint64_t>(block.value()) * options_.block_bytes,
+                         options_.block_bytes};
+        if (!StageOnce(t, &staging, src, /*may_poll=*/true)) continue;
         data = {staging_[static_cast<size_t>(staging)].get(), block_bytes};
       }
       SubmitWriteBack(t, block, h, data, staging);
@@ -392,12 +435,20 @@ void KvManager::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std
 void KvManager::OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data) {
   const size_t block_bytes = static_cast<size_t>(options_.block_bytes);
   int32_t staging = -1;
+  // The evicted bytes lie in the store's registered memory (BlockStore::memory()).
+  Result<Region> where = data.empty() ? Result<Region>(Region{}) : segments_.Locate(data.data(), data.size());
   for (size_t t = from + 1; t < lowers_.size(); ++t) {
     if (!AdmitsWriteBack(t, h)) continue;
     std::span<const uint8_t> src;
     if (!data.empty()) {
+      if (!where) {
+        STRATA_LOG_WARN("kv manager: write-back of a block {} evicted dropped: {}", lowers_[from].name,
+                        where.error().ToString());
+        ++stats_.tiers[t].writebacks_dropped;
+        continue;
+      }
       // Called from inside the evicting store: no polling here.
-      if (!StageOnce(t, &staging, data, /*may_poll=*/false)) continue;
+      if (!StageOnce(t, &staging, *where, /*may_poll=*/false)) continue;
       src = {staging_[static_cast<size_t>(staging)].get(), block_bytes};
     }
     SubmitWriteBack(t, BlockId(), h, src, staging);

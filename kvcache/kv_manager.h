@@ -90,6 +90,7 @@
 #include "kvcache/block_pool.h"
 #include "kvcache/block_store.h"
 #include "kvcache/clock.h"
+#include "kvcache/copy_engine.h"
 
 namespace strata::kvcache {
 
@@ -118,10 +119,15 @@ struct KvManagerOptions {
   // Staging memory for write-back tiers (see the top): at most
   // max(1, this / block_bytes) block buffers, allocated on demand.
   uint64_t writeback_staging_bytes = 64ull << 20;
+  // What memory the device blocks are (the CPU backend's pool is host memory).
+  SegmentKind device_memory_kind = SegmentKind::kHost;
 };
 
 // Device block memory: the start of block `id` (block_bytes long), e.g.
-// ForwardEngine::block_data. Empty function = metadata-only mode.
+// ForwardEngine::block_data. The blocks must form one contiguous range
+// (block i at block 0 + i * block_bytes): the manager registers it as a
+// memory segment (kvcache/copy_engine.h moves bytes by segment and offset).
+// Empty function = metadata-only mode.
 using BlockMemoryFn = std::function<uint8_t*(BlockId)>;
 
 // How much of a prompt is cached: `device_tokens` leading tokens in device
@@ -264,6 +270,11 @@ class KvManager {
   // Lower tier i's store (for usage figures; its stats() is safe to read
   // from the engine thread).
   const BlockStore& lower_store(size_t i) const { return *lowers_[i].store; }
+  // The memory the manager moves bytes between, registered as segments: the
+  // device pool (device_segment()), each lower store's memory(), and its
+  // write-back staging buffers.
+  const SegmentTable& segments() const { return segments_; }
+  SegmentId device_segment() const { return device_segment_; }
 
   // `tokens`: every token whose KV is now in the request's blocks (prompt
   // prefix, then generated ones), in order. REQUIRES: IsReady(id), tokens
@@ -364,10 +375,13 @@ class KvManager {
   // has seen enough hits of it; a deferral is counted.
   bool AdmitsWriteBack(size_t t, const BlockHash& h);
   // The staging copy shared by one block's write-backs: on first use takes a
-  // buffer (-1 in *staging until then) and copies `src` (block_bytes at
-  // most) into it. false, with tier `t`'s dropped write-back counted, when
-  // no buffer is free.
-  bool StageOnce(size_t t, int32_t* staging, std::span<const uint8_t> src, bool may_poll);
+  // buffer (-1 in *staging until then) and copies `src` (block_bytes long)
+  // into it through the copy engine, waiting on the copy's fence (the source
+  // is reused as soon as this returns). false, with tier `t`'s dropped
+  // write-back counted, when no buffer is free or the copy is refused.
+  bool StageOnce(size_t t, int32_t* staging, const Region& src, bool may_poll);
+  // Registers the device pool and the lower stores' memory (constructor).
+  Status RegisterSegments();
   // Returns a buffer StageOnce took if no submitted write holds it.
   void FreeIfUnused(int32_t staging);
   // A free staging buffer (allocating one under the bound, else polling the
@@ -382,6 +396,10 @@ class KvManager {
 
   const KvManagerOptions options_;
   const BlockMemoryFn memory_;
+  SegmentTable segments_;  // before copy_, which reads it until destroyed
+  SegmentId device_segment_;
+  std::unique_ptr<CopyEngine> copy_;
+  std::vector<CopyCompletion> copy_done_;  // reused by StageOnce
   const std::vector<LowerTier> lowers_;
   Clock* const clock_;
   BlockPool pool_;
@@ -399,6 +417,7 @@ class KvManager {
   std::vector<std::pair<BlockId, BlockHash>> evicted_;  // by the pool's hook, until WriteBackEvicted
   size_t max_staging_ = 0;
   std::vector<std::unique_ptr<uint8_t[], AlignedFree>> staging_;
+  std::vector<SegmentId> staging_segments_;  // staging_[i]'s segment
   std::vector<int32_t> staging_refs_;  // writes in flight per buffer
   std::vector<int32_t> free_staging_;
 };

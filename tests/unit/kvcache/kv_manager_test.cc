@@ -372,3 +372,35 @@ TEST(KvManagerTest, RandomizedPoolInvariants) {
 
 }  // namespace
 }  // namespace strata::kvcache
+
+namespace strata::kvcache {
+namespace {
+
+// The manager moves bytes by segment and offset: the device blocks are one
+// registered segment, and so is the host tier's arena; device memory that
+// is not one contiguous range is refused at Create.
+TEST(KvManagerSegmentsTest, DeviceBlocksAndTheHostArenaAreRegisteredSegments) {
+  Fixture f(8, 16);
+  const SegmentTable& t = f.mgr->segments();
+  const auto dev = t.Get(f.mgr->device_segment());
+  ASSERT_TRUE(dev.has_value());
+  EXPECT_EQ(dev->base, f.device.bytes.data());
+  EXPECT_EQ(dev->size, 8 * kBlockBytes);
+  EXPECT_EQ(dev->kind, SegmentKind::kHost);  // the CPU backend's pool is host memory
+  EXPECT_EQ(t.size(), 2u);                   // device pool + host arena
+  auto arena = f.host->memory();
+  ASSERT_EQ(arena.bytes.size(), 16 * kBlockBytes);
+  EXPECT_TRUE(t.Locate(arena.bytes.data() + kBlockBytes, kBlockBytes).ok());
+
+  ManualClock clock;
+  std::vector<uint8_t> a(4 * kBlockBytes), b(4 * kBlockBytes);
+  BlockMemoryFn scattered = [&](BlockId id) {
+    return (id.value() % 2 == 0 ? a.data() : b.data()) + (id.value() / 2) * kBlockBytes;
+  };
+  auto r = KvManager::Create(Options(8), scattered, nullptr, &clock);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("contiguous"), std::string::npos) << r.error().message();
+}
+
+}  // namespace
+}  // namespace strata::kvcache
