@@ -6,40 +6,13 @@
 // tier, only after a block was hit N times) and serve prefix hits by
 // asynchronous loads into device blocks.
 //
-// Write policies, per lower tier (LowerTier::write_policy):
-//   kWriteThrough  a newly full block is copied down when committed (or once
-//                  hit admit_after times), and promoted into it when loaded
-//                  from a tier below.
-//   kWriteBack     nothing is written at commit; a hashed block is copied
-//                  down when the device pool evicts it (it leaves the device
-//                  prefix cache to be reused), unless the tier already holds
-//                  it or a write of it is in flight (and, with admit_after N,
-//                  only once it was hit N times). Every write-back tier gets
-//                  the device's evictions, and a block a lower store evicts
-//                  (its eviction listener) is passed on, through a staging
-//                  copy, to the write-back tiers below it that lack it.
-//                  Operator flush (Flush) discards without writing back.
-//   Staging: the evicted device block is handed out again at once (the
-//   caller writes new KV into it), while BlockStore::SubmitWrite may read
-//   `data` until its completion is polled (the disk store reads it with
-//   O_DIRECT from io_uring). So the manager copies the block, inside the
-//   Allocate that evicted it and before any load can overwrite it, into a
-//   staging buffer it owns (4096-aligned for O_DIRECT, allocated on first
-//   use, reused, at most max(1, writeback_staging_bytes / block_bytes)); one
-//   copy serves every write-back tier, and the buffer returns to the free
-//   list when its last write completes. Deferring the reuse instead was
-//   rejected: it would make Allocate answer "not now" while blocks are
-//   merely waiting for I/O, coupling admission to disk latency. When every
-//   buffer is busy the manager polls the stores once (never blocks); if none
-//   came free the write-back is dropped and counted (writebacks_dropped):
-//   the block is simply not cached below, as after a failed write.
-//
-// Lookup: device first; from the first block the device lacks, each lower
-// tier in order is asked how many leading blocks of the rest it holds
-// (CountPrefix); the walk continues from the first tier holding the next
-// block, so a prefix may come partly from host and partly from disk. Each
-// block loads from the tier that answered for it. A block loaded from tier i
-// is also written to the write-through tiers above i that lack it.
+// The manager keeps requests, prefix matching and device allocation; its
+// TierMover (kvcache/tier_mover.h) owns the lower tiers: lookup along the
+// chain, loads, write-through and write-back (LowerTier::write_policy),
+// staging, the eviction listener and the per-tier statistics. Lookup: device
+// first; from the first block the device lacks, the mover's LowerHits (a
+// prefix may come partly from host and partly from disk). Operator flush
+// (Flush) discards without writing back.
 //
 // Per request:
 //   AddRequest(id, prompt, salt)  hashes the prompt's full blocks once.
@@ -72,16 +45,12 @@
 // Thread-safety: none. One thread (the engine loop) calls everything; the
 // lower tier is driven from that thread too (BlockStore's rule).
 
-#include <array>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
-#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -90,127 +59,10 @@
 #include "kvcache/block_pool.h"
 #include "kvcache/block_store.h"
 #include "kvcache/clock.h"
-#include "kvcache/copy_engine.h"
+#include "kvcache/kv_types.h"
+#include "kvcache/tier_mover.h"
 
 namespace strata::kvcache {
-
-enum class WritePolicy {
-  kNone,          // nothing goes down to the lower tier
-  kWriteThrough,  // every newly full block is copied down when committed
-  kWriteBack,     // a block is copied down when the device pool evicts it
-};
-
-enum class LoadPolicy {
-  kAuto,    // load when cheaper than recomputing (estimates below); unknown → load
-  kAlways,  // always load lower-tier hits
-  kNever,   // never load; recompute (lower tier still written)
-};
-
-struct KvManagerOptions {
-  int block_size = 16;
-  int32_t num_device_blocks = 0;
-  uint64_t block_bytes = 0;  // bytes of one block (KvLayout::block_bytes); >0 with memory
-  Sha256Digest ns{};         // NamespaceDigest of the model
-  WritePolicy write_policy = WritePolicy::kWriteThrough;
-  LoadPolicy load_policy = LoadPolicy::kAuto;
-  // Estimates for kAuto (measured at start by the engine); 0 = unknown.
-  double lower_read_bytes_per_s = 0;
-  double recompute_tokens_per_s = 0;
-  // Staging memory for write-back tiers (see the top): at most
-  // max(1, this / block_bytes) block buffers, allocated on demand.
-  uint64_t writeback_staging_bytes = 64ull << 20;
-  // What memory the device blocks are (the CPU backend's pool is host memory).
-  SegmentKind device_memory_kind = SegmentKind::kHost;
-};
-
-// Device block memory: the start of block `id` (block_bytes long), e.g.
-// ForwardEngine::block_data. The blocks must form one contiguous range
-// (block i at block 0 + i * block_bytes): the manager registers it as a
-// memory segment (kvcache/copy_engine.h moves bytes by segment and offset).
-// Empty function = metadata-only mode.
-using BlockMemoryFn = std::function<uint8_t*(BlockId)>;
-
-// How much of a prompt is cached: `device_tokens` leading tokens in device
-// blocks, then `lower_tokens` more in the lower tier. Already capped at
-// prompt_tokens - 1 and whole blocks.
-struct PrefixMatch {
-  int32_t device_tokens = 0;
-  int32_t lower_tokens = 0;               // sum over lower tiers
-  std::vector<int32_t> lower_tier_tokens;  // per lower tier, in chain order
-  int32_t total() const { return device_tokens + lower_tokens; }
-};
-
-// One lower tier of the chain, in order (host before disk).
-struct LowerTier {
-  BlockStore* store = nullptr;  // not owned; must outlive the manager
-  WritePolicy write_policy = WritePolicy::kWriteThrough;
-  // 0: every newly full block is written when committed. N > 0: a block is
-  // written only once it was hit (served from cache to a request) N times;
-  // hits are counted per hash in this process's memory (not across restarts).
-  uint32_t admit_after = 0;
-  double read_bytes_per_s = 0;  // kAuto estimate for this tier; 0 = unknown
-  // The tier's name in stats, the API and metrics (unique when the tier
-  // registry built the chain); empty = the store's name().
-  std::string name = {};
-};
-
-enum class AllocOutcome { kAllocated, kNotNow };
-
-// Where a cached block of a request came from.
-inline constexpr int kDeviceTier = 0;  // lower tier i is reported as i + 1
-
-struct TierHits {
-  uint64_t blocks = 0;
-  uint64_t tokens = 0;
-};
-
-// Upper bounds (seconds) of the latency buckets LowerTierStats counts loads
-// and writes in (submit → completion, Clock time); a last, open bucket
-// takes the rest. Cumulative like Prometheus' le buckets only when summed.
-inline constexpr std::array<double, 12> kTierLatencyBounds = {1e-4,   2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
-                                                              1e-2,   2.5e-2, 5e-2, 0.1,  0.25,   1.0};
-using TierLatencyCounts = std::array<uint64_t, kTierLatencyBounds.size() + 1>;  // per bucket, not cumulative
-
-struct LowerTierStats {
-  std::string name;              // LowerTier::name
-  TierKind kind = TierKind::kHost;  // the store's kind()
-  TierHits hits;                 // prefix blocks loaded from this tier (completed OK)
-  uint64_t bytes_down = 0;       // device → this tier (writes completed OK)
-  uint64_t bytes_up = 0;         // this tier → device (loads completed OK)
-  uint64_t writes = 0;           // writes submitted (write-backs included)
-  uint64_t writebacks = 0;       // write-backs submitted (evicted device blocks; kWriteBack)
-  uint64_t writebacks_dropped = 0;  // evicted blocks not written back: no staging buffer free
-  uint64_t admissions_deferred = 0;  // full blocks not written yet (admit_after)
-  uint64_t writes_failed = 0;
-  uint64_t loads_failed = 0;
-  int64_t load_nanos = 0;
-  int64_t write_nanos = 0;             // sum over completed writes of submit → completion
-  TierLatencyCounts load_latency{};    // completed loads (OK or not) by latency bucket
-  TierLatencyCounts write_latency{};   // completed writes (OK or not) by latency bucket
-  uint64_t corrupt_blocks = 0;         // the store's StoreStats::corrupt_blocks (filled by stats())
-};
-
-struct KvManagerStats {
-  uint64_t queries = 0;        // requests whose prefix was looked up (first Allocate)
-  uint64_t query_tokens = 0;   // their prompt tokens
-  TierHits device;             // prefix blocks shared from device
-  // The next five sum over lower tiers; `tiers` has them per tier.
-  TierHits lower;              // prefix blocks loaded from lower tiers (completed OK)
-  uint64_t bytes_down = 0;     // device → lower tiers (writes completed OK)
-  uint64_t bytes_up = 0;       // lower tiers → device (loads completed OK)
-  uint64_t writes_failed = 0;
-  uint64_t loads_failed = 0;
-  int64_t load_nanos = 0;      // sum over loads of submit→completion (Clock time)
-  BlockPoolStats device_pool;  // includes device evictions
-  std::vector<LowerTierStats> tiers;  // per lower tier, in chain order
-};
-
-// What Flush() removed. `lower_blocks` is per lower tier, in chain order
-// (blocks the tier held before minus after; 0 for tiers not flushed).
-struct FlushResult {
-  uint64_t device_blocks = 0;
-  std::vector<uint64_t> lower_blocks;
-};
 
 class KvManager {
  public:
@@ -262,19 +114,19 @@ class KvManager {
   std::string_view tier_name(int tier) const;
   // TierKind::kDevice for kDeviceTier, else the lower tier's store kind().
   TierKind tier_kind(int tier) const;
-  size_t num_lower_tiers() const { return lowers_.size(); }
+  size_t num_lower_tiers() const { return mover_->num_tiers(); }
   // Lower-tier operations (loads and writes) submitted and not yet handled
   // by Poll(). A device block stays referenced, and so out of the reach of
   // Flush(), while a write-back from it is in flight.
-  size_t ops_in_flight() const { return ops_.size(); }
+  size_t ops_in_flight() const { return mover_->ops_in_flight(); }
   // Lower tier i's store (for usage figures; its stats() is safe to read
   // from the engine thread).
-  const BlockStore& lower_store(size_t i) const { return *lowers_[i].store; }
+  const BlockStore& lower_store(size_t i) const { return *mover_->tier(i).store; }
   // The memory the manager moves bytes between, registered as segments: the
   // device pool (device_segment()), each lower store's memory(), and its
   // write-back staging buffers.
-  const SegmentTable& segments() const { return segments_; }
-  SegmentId device_segment() const { return device_segment_; }
+  const SegmentTable& segments() const { return mover_->segments(); }
+  SegmentId device_segment() const { return mover_->device_segment(); }
 
   // `tokens`: every token whose KV is now in the request's blocks (prompt
   // prefix, then generated ones), in order. REQUIRES: IsReady(id), tokens
@@ -325,101 +177,23 @@ class KvManager {
     // the new loads had landed, so stale KV was computed on).
     uint64_t epoch = 0;
   };
-  enum class OpKind { kLoad, kWrite };
-  struct Op {
-    OpKind kind;
-    int tier = 0;  // index into lowers_
-    RequestId request;
-    int32_t block_index = 0;  // in the request's chain (loads)
-    BlockId block;
-    BlockHash hash;
-    int64_t start_nanos = 0;
-    bool holds_block = true;  // holds a pool reference on `block` (not write-backs)
-    int32_t staging = -1;     // staging buffer a write-back reads (-1: none)
-    uint64_t request_epoch = 0;  // loads: Request::epoch at submit
-  };
-  struct AlignedFree {
-    void operator()(uint8_t* p) const;
-  };
 
-  KvManager(const KvManagerOptions& options, BlockMemoryFn device_memory, std::vector<LowerTier> lowers,
-            Clock* clock);
+  KvManager(const KvManagerOptions& options, Clock* clock);
   int32_t MaxCachedBlocks(size_t prompt_tokens, size_t chain_blocks) const;
   size_t CountDeviceHits(std::span<const BlockHash> chain, size_t max_blocks) const;
-  // Source tier index (into lowers_) of blocks [from, from + result.size()).
-  std::vector<int> CountLowerHits(std::span<const BlockHash> chain, size_t from, size_t max_blocks) const;
-  bool WorthLoading(const LowerTier& t, size_t blocks) const;
   Result<AllocOutcome> TakePrefix(RequestId id, Request& r, int32_t num_tokens);
-  void SubmitLoad(RequestId id, Request& r, int32_t index, int tier);
-  // Writes `block` (named `h`) to tier `tier` unless it is there or on its way.
-  void SubmitWrite(int tier, BlockId block, const BlockHash& h);
-  // A newly named full block: write-through tiers with admit_after == 0.
-  void OnCommitted(BlockId block, const BlockHash& h);
-  // A block served from cache (device hit or finished load from `source`,
-  // -1 for device): counts the hit, admits it where the count now suffices,
-  // and copies it to write-through tiers above `source` that lack it.
-  void OnHit(BlockId block, const BlockHash& h, int source);
+  // A load the mover finished: settles the request's prefix when it was the last.
+  void OnLoadDone(const LoadDone& d);
   void FinishLoads(Request& r);
-  // The pool evicted blocks (recorded by its hook): write them back. Called
-  // right after every pool_.Allocate, before anything writes the blocks.
-  void WriteBackEvicted();
-  // Lower tier `from` evicted `h` (bytes `data`): writes it to the
-  // write-back tiers below `from` that lack it, through a staging copy.
-  void OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data);
-  // Queues a write-back of `h` (bytes `data`, from staging buffer `staging`
-  // or none) to lower tier `t`; counts it, and undoes the bookkeeping if the
-  // store refuses.
-  void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std::span<const uint8_t> data, int32_t staging);
-  // Whether lower tier `t` takes a write-back of `h` now: a write-back tier
-  // that neither holds `h` nor has a write of it in flight, and (admit_after)
-  // has seen enough hits of it; a deferral is counted.
-  bool AdmitsWriteBack(size_t t, const BlockHash& h);
-  // The staging copy shared by one block's write-backs: on first use takes a
-  // buffer (-1 in *staging until then) and copies `src` (block_bytes long)
-  // into it through the copy engine, waiting on the copy's fence (the source
-  // is reused as soon as this returns). false, with tier `t`'s dropped
-  // write-back counted, when no buffer is free or the copy is refused.
-  bool StageOnce(size_t t, int32_t* staging, const Region& src, bool may_poll);
-  // Registers the device pool and the lower stores' memory (constructor).
-  Status RegisterSegments();
-  // Returns a buffer StageOnce took if no submitted write holds it.
-  void FreeIfUnused(int32_t staging);
-  // A free staging buffer (allocating one under the bound, else polling the
-  // stores once); -1 when none.
-  // may_poll: poll the stores once when no buffer is free (not from inside
-  // a store's callback).
-  int32_t AcquireStaging(bool may_poll = true);
-  void ReleaseStaging(int32_t staging);
-  size_t PollStores();
-  void Complete(const StoreCompletion& c);
-  std::span<uint8_t> BlockSpan(BlockId id) const;
 
   const KvManagerOptions options_;
-  const BlockMemoryFn memory_;
-  SegmentTable segments_;  // before copy_, which reads it until destroyed
-  SegmentId device_segment_;
-  std::unique_ptr<CopyEngine> copy_;
-  std::vector<CopyCompletion> copy_done_;  // reused by StageOnce
-  const std::vector<LowerTier> lowers_;
   Clock* const clock_;
   BlockPool pool_;
   std::unordered_map<RequestId, Request> requests_;
-  std::unordered_map<uint64_t, Op> ops_;
-  std::vector<std::unordered_set<BlockHash, BlockHashHasher>> writes_in_flight_;  // per tier
-  // Hits per hash, for admit_after; cleared when it grows past kMaxHitCounts.
-  std::unordered_map<BlockHash, uint32_t, BlockHashHasher> hit_counts_;
-  static constexpr size_t kMaxHitCounts = 1 << 20;
-  uint64_t next_tag_ = 1;
   uint64_t next_epoch_ = 1;
-  KvManagerStats stats_;
-  std::vector<StoreCompletion> completions_;  // reused by Poll
-  bool any_writeback_ = false;
-  std::vector<std::pair<BlockId, BlockHash>> evicted_;  // by the pool's hook, until WriteBackEvicted
-  size_t max_staging_ = 0;
-  std::vector<std::unique_ptr<uint8_t[], AlignedFree>> staging_;
-  std::vector<SegmentId> staging_segments_;  // staging_[i]'s segment
-  std::vector<int32_t> staging_refs_;  // writes in flight per buffer
-  std::vector<int32_t> free_staging_;
+  KvManagerStats stats_;  // queries, device and lower hits (the mover keeps the rest)
+  // Destroyed first (see ~KvManager): its drain reports loads into requests_.
+  std::unique_ptr<TierMover> mover_;
 };
 
 }  // namespace strata::kvcache

@@ -1,0 +1,139 @@
+#pragma once
+// The KV cache's plain types, shared by the KV manager (kv_manager.h), the
+// tier mover (tier_mover.h), the tier registry and the engine: policies,
+// options, the lower-tier chain's entries, prefix matches and statistics.
+//
+// Thread-safety: plain values.
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/memory_segment.h"
+#include "common/sha256.h"
+#include "common/strong_id.h"
+#include "kvcache/block_store.h"
+
+namespace strata::kvcache {
+
+enum class WritePolicy {
+  kNone,          // nothing goes down to the lower tier
+  kWriteThrough,  // every newly full block is copied down when committed
+  kWriteBack,     // a block is copied down when the device pool evicts it
+};
+
+enum class LoadPolicy {
+  kAuto,    // load when cheaper than recomputing (estimates below); unknown → load
+  kAlways,  // always load lower-tier hits
+  kNever,   // never load; recompute (lower tier still written)
+};
+
+struct KvManagerOptions {
+  int block_size = 16;
+  int32_t num_device_blocks = 0;
+  uint64_t block_bytes = 0;  // bytes of one block (KvLayout::block_bytes); >0 with memory
+  Sha256Digest ns{};         // NamespaceDigest of the model
+  WritePolicy write_policy = WritePolicy::kWriteThrough;
+  LoadPolicy load_policy = LoadPolicy::kAuto;
+  // Estimates for kAuto (measured at start by the engine); 0 = unknown.
+  double lower_read_bytes_per_s = 0;
+  double recompute_tokens_per_s = 0;
+  // Staging memory for write-back tiers (see the top): at most
+  // max(1, this / block_bytes) block buffers, allocated on demand.
+  uint64_t writeback_staging_bytes = 64ull << 20;
+  // What memory the device blocks are (the CPU backend's pool is host memory).
+  SegmentKind device_memory_kind = SegmentKind::kHost;
+};
+
+// Device block memory: the start of block `id` (block_bytes long), e.g.
+// ForwardEngine::block_data. The blocks must form one contiguous range
+// (block i at block 0 + i * block_bytes): the manager registers it as a
+// memory segment (kvcache/copy_engine.h moves bytes by segment and offset).
+// Empty function = metadata-only mode.
+using BlockMemoryFn = std::function<uint8_t*(BlockId)>;
+
+// How much of a prompt is cached: `device_tokens` leading tokens in device
+// blocks, then `lower_tokens` more in the lower tier. Already capped at
+// prompt_tokens - 1 and whole blocks.
+struct PrefixMatch {
+  int32_t device_tokens = 0;
+  int32_t lower_tokens = 0;               // sum over lower tiers
+  std::vector<int32_t> lower_tier_tokens;  // per lower tier, in chain order
+  int32_t total() const { return device_tokens + lower_tokens; }
+};
+
+// One lower tier of the chain, in order (host before disk).
+struct LowerTier {
+  BlockStore* store = nullptr;  // not owned; must outlive the manager
+  WritePolicy write_policy = WritePolicy::kWriteThrough;
+  // 0: every newly full block is written when committed. N > 0: a block is
+  // written only once it was hit (served from cache to a request) N times;
+  // hits are counted per hash in this process's memory (not across restarts).
+  uint32_t admit_after = 0;
+  double read_bytes_per_s = 0;  // kAuto estimate for this tier; 0 = unknown
+  // The tier's name in stats, the API and metrics (unique when the tier
+  // registry built the chain); empty = the store's name().
+  std::string name = {};
+};
+
+enum class AllocOutcome { kAllocated, kNotNow };
+
+// Where a cached block of a request came from.
+inline constexpr int kDeviceTier = 0;  // lower tier i is reported as i + 1
+
+struct TierHits {
+  uint64_t blocks = 0;
+  uint64_t tokens = 0;
+};
+
+// Upper bounds (seconds) of the latency buckets LowerTierStats counts loads
+// and writes in (submit → completion, Clock time); a last, open bucket
+// takes the rest. Cumulative like Prometheus' le buckets only when summed.
+inline constexpr std::array<double, 12> kTierLatencyBounds = {1e-4,   2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+                                                              1e-2,   2.5e-2, 5e-2, 0.1,  0.25,   1.0};
+using TierLatencyCounts = std::array<uint64_t, kTierLatencyBounds.size() + 1>;  // per bucket, not cumulative
+
+struct LowerTierStats {
+  std::string name;              // LowerTier::name
+  TierKind kind = TierKind::kHost;  // the store's kind()
+  TierHits hits;                 // prefix blocks loaded from this tier (completed OK)
+  uint64_t bytes_down = 0;       // device → this tier (writes completed OK)
+  uint64_t bytes_up = 0;         // this tier → device (loads completed OK)
+  uint64_t writes = 0;           // writes submitted (write-backs included)
+  uint64_t writebacks = 0;       // write-backs submitted (evicted device blocks; kWriteBack)
+  uint64_t writebacks_dropped = 0;  // evicted blocks not written back: no staging buffer free
+  uint64_t admissions_deferred = 0;  // full blocks not written yet (admit_after)
+  uint64_t writes_failed = 0;
+  uint64_t loads_failed = 0;
+  int64_t load_nanos = 0;
+  int64_t write_nanos = 0;             // sum over completed writes of submit → completion
+  TierLatencyCounts load_latency{};    // completed loads (OK or not) by latency bucket
+  TierLatencyCounts write_latency{};   // completed writes (OK or not) by latency bucket
+  uint64_t corrupt_blocks = 0;         // the store's StoreStats::corrupt_blocks (filled by stats())
+};
+
+struct KvManagerStats {
+  uint64_t queries = 0;        // requests whose prefix was looked up (first Allocate)
+  uint64_t query_tokens = 0;   // their prompt tokens
+  TierHits device;             // prefix blocks shared from device
+  // The next five sum over lower tiers; `tiers` has them per tier.
+  TierHits lower;              // prefix blocks loaded from lower tiers (completed OK)
+  uint64_t bytes_down = 0;     // device → lower tiers (writes completed OK)
+  uint64_t bytes_up = 0;       // lower tiers → device (loads completed OK)
+  uint64_t writes_failed = 0;
+  uint64_t loads_failed = 0;
+  int64_t load_nanos = 0;      // sum over loads of submit→completion (Clock time)
+  BlockPoolStats device_pool;  // includes device evictions
+  std::vector<LowerTierStats> tiers;  // per lower tier, in chain order
+};
+
+// What Flush() removed. `lower_blocks` is per lower tier, in chain order
+// (blocks the tier held before minus after; 0 for tiers not flushed).
+struct FlushResult {
+  uint64_t device_blocks = 0;
+  std::vector<uint64_t> lower_blocks;
+};
+
+}  // namespace strata::kvcache

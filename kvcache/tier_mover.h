@@ -1,0 +1,192 @@
+#pragma once
+// TierMover: the half of the KV manager that moves bytes between the device
+// pool and the chain of lower tiers (host, disk, any BlockStore). It owns
+// the chain's policies and everything in flight; the KvManager (requests,
+// prefix matching, allocation) tells it what happened and asks it to load.
+//
+//   lookup     LowerHits: from the first block the device lacks, each tier in
+//              order is asked how many leading blocks of the rest it holds
+//              (CountPrefix); the walk continues from the first tier holding
+//              the next block, and stops where a run is not worth loading
+//              (LoadPolicy; kAuto compares its bytes' read time with the
+//              recompute time of its tokens).
+//   loads      SubmitLoad reads a block from a tier into a device block; the
+//              completion reaches the owner's LoadDoneFn from Poll().
+//   writes     write-through: a newly committed block (OnCommitted), or once
+//              hit admit_after times, or promoted above the tier it loaded
+//              from (OnHit). write-back: a block the device pool evicts, or
+//              a tier above evicts (its eviction listener), unless the tier
+//              holds it or a write of it is in flight.
+//   staging    an evicted device block is handed out again at once, while a
+//              store may read the source of SubmitWrite until its completion
+//              (O_DIRECT from io_uring); so the mover copies it, through its
+//              CopyEngine and waiting on the copy's fence, into a staging
+//              buffer it owns (4096-aligned, allocated on first use, at most
+//              max(1, writeback_staging_bytes / block_bytes)). One copy serves
+//              every write-back tier; the buffer is free again when its last
+//              write completes. When none is free the mover polls the stores
+//              once (never blocks); if still none, the write-back is dropped
+//              and counted (writebacks_dropped), as after a failed write.
+//   segments   the device pool, each store's memory() and the staging
+//              buffers are registered in segments(); copies name regions.
+//
+// Ownership: the stores, the pool and the clock are not owned and outlive
+// the mover. A block under a load or a write-through holds a pool reference
+// until its completion is handled, so it is not reused while a store may
+// still touch it.
+//
+// Thread-safety: none. The owner's thread (the engine loop) calls
+// everything, and the stores are driven from it (BlockStore's rule).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "common/memory_segment.h"
+#include "common/status.h"
+#include "kvcache/block_pool.h"
+#include "kvcache/clock.h"
+#include "kvcache/copy_engine.h"
+#include "kvcache/kv_types.h"
+
+namespace strata::kvcache {
+
+// A load finished (from Poll or Drain). `epoch` is the one given to
+// SubmitLoad: the owner ignores completions for an older incarnation of a
+// request id.
+struct LoadDone {
+  RequestId request;
+  uint64_t epoch = 0;
+  int32_t block_index = 0;
+  int tier = 0;
+  bool ok = false;
+};
+using LoadDoneFn = std::function<void(const LoadDone&)>;
+
+class TierMover {
+ public:
+  // REQUIRES: no null store; block_bytes > 0 with `device_memory`, whose
+  // blocks form one contiguous range (else InvalidArgument). `pool` and
+  // `clock` outlive the mover; `on_load_done` is called on the owner's
+  // thread, from Poll/Drain, before the load's block reference is released.
+  static Result<std::unique_ptr<TierMover>> Create(const KvManagerOptions& options, BlockMemoryFn device_memory,
+                                                   std::vector<LowerTier> lowers, BlockPool* pool, Clock* clock,
+                                                   LoadDoneFn on_load_done);
+  // Drains every store (completions are handled, load completions reported).
+  ~TierMover();
+  TierMover(const TierMover&) = delete;
+  TierMover& operator=(const TierMover&) = delete;
+
+  size_t num_tiers() const { return lowers_.size(); }
+  const LowerTier& tier(size_t i) const { return lowers_[i]; }
+
+  // Source tier of each block [from, from + result.size()) of `chain`,
+  // capped at max_blocks (see the top). A pure query.
+  std::vector<int> LowerHits(std::span<const BlockHash> chain, size_t from, size_t max_blocks) const;
+
+  // Queues a read of `hash` from tier `tier` into device block `block`,
+  // reporting to LoadDoneFn. An error means nothing was queued (counted as a
+  // failed load).
+  Status SubmitLoad(int tier, BlockId block, const BlockHash& hash, RequestId request, uint64_t epoch,
+                    int32_t block_index);
+  // A block loaded from `tier` served a request: counts the hit.
+  void CountLoadHit(int tier);
+
+  // A newly named full device block: write-through tiers with admit_after 0.
+  void OnCommitted(BlockId block, const BlockHash& h);
+  // A block served from cache (device hit: source -1; or a finished load
+  // from tier `source`): counts its hits, admits it where the count now
+  // suffices, and promotes it to write-through tiers above `source`.
+  void OnHit(BlockId block, const BlockHash& h, int source);
+  // Writes back the blocks the pool evicted since the last call. Call right
+  // after every pool Allocate, before anything writes the evicted blocks.
+  void WriteBackEvicted();
+
+  // Handles finished operations. Never blocks. Returns how many.
+  size_t Poll();
+  // Operations submitted and not yet handled by Poll().
+  size_t ops_in_flight() const { return ops_.size(); }
+
+  // Drops tier t's blocks of namespace `ns` (all when null) for each
+  // lower_tiers[t]; `removed[t]` = blocks it held before minus after. On a
+  // store error the tiers before it are flushed and the error is returned.
+  Status Flush(const std::vector<bool>& lower_tiers, const Sha256Digest* ns, std::vector<uint64_t>* removed);
+
+  // Fills the lower-tier figures of `s`: bytes moved, failures, load time,
+  // and `tiers` (corrupt block counts from the stores).
+  void FillStats(KvManagerStats* s) const;
+
+  const SegmentTable& segments() const { return segments_; }
+  SegmentId device_segment() const { return device_segment_; }
+
+ private:
+  enum class OpKind { kLoad, kWrite };
+  struct Op {
+    OpKind kind;
+    int tier = 0;
+    BlockId block;
+    BlockHash hash;
+    int64_t start_nanos = 0;
+    bool holds_block = true;  // holds a pool reference on `block` (not write-backs)
+    int32_t staging = -1;     // staging buffer a write-back reads (-1: none)
+    RequestId request = {};   // loads
+    uint64_t epoch = 0;       // loads
+    int32_t block_index = 0;  // loads
+  };
+  struct AlignedFree {
+    void operator()(uint8_t* p) const;
+  };
+
+  TierMover(const KvManagerOptions& options, BlockMemoryFn device_memory, std::vector<LowerTier> lowers,
+            BlockPool* pool, Clock* clock, LoadDoneFn on_load_done);
+  Status RegisterSegments();
+  bool WorthLoading(const LowerTier& t, size_t blocks) const;
+  std::span<uint8_t> BlockSpan(BlockId id) const;
+  // Writes `block` (named `h`) to tier `tier` unless it is there or on its way.
+  void SubmitWrite(int tier, BlockId block, const BlockHash& h);
+  void OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data);
+  void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std::span<const uint8_t> data, int32_t staging);
+  // Whether tier `t` takes a write-back of `h` now (counts a deferral).
+  bool AdmitsWriteBack(size_t t, const BlockHash& h);
+  // The staging copy shared by one block's write-backs (see the top).
+  bool StageOnce(size_t t, int32_t* staging, const Region& src, bool may_poll);
+  void FreeIfUnused(int32_t staging);
+  // may_poll: poll the stores once when no buffer is free (not from inside
+  // a store's callback).
+  int32_t AcquireStaging(bool may_poll);
+  void ReleaseStaging(int32_t staging);
+  void Complete(const StoreCompletion& c);
+
+  const KvManagerOptions options_;
+  const BlockMemoryFn memory_;
+  SegmentTable segments_;  // before copy_, which reads it until destroyed
+  SegmentId device_segment_;
+  std::unique_ptr<CopyEngine> copy_;
+  std::vector<CopyCompletion> copy_done_;
+  const std::vector<LowerTier> lowers_;
+  BlockPool* const pool_;
+  Clock* const clock_;
+  const LoadDoneFn on_load_done_;
+  std::unordered_map<uint64_t, Op> ops_;
+  std::vector<std::unordered_set<BlockHash, BlockHashHasher>> writes_in_flight_;  // per tier
+  // Hits per hash, for admit_after; cleared when it grows past kMaxHitCounts.
+  std::unordered_map<BlockHash, uint32_t, BlockHashHasher> hit_counts_;
+  static constexpr size_t kMaxHitCounts = 1 << 20;
+  uint64_t next_tag_ = 1;
+  KvManagerStats stats_;  // the lower-tier fields only (FillStats)
+  std::vector<StoreCompletion> completions_;  // reused by Poll
+  bool any_writeback_ = false;
+  std::vector<std::pair<BlockId, BlockHash>> evicted_;  // by the pool's hook, until WriteBackEvicted
+  size_t max_staging_ = 0;
+  std::vector<std::unique_ptr<uint8_t[], AlignedFree>> staging_;
+  std::vector<SegmentId> staging_segments_;  // staging_[i]'s segment
+  std::vector<int32_t> staging_refs_;        // writes in flight per buffer
+  std::vector<int32_t> free_staging_;
+};
+
+}  // namespace strata::kvcache
