@@ -65,6 +65,25 @@ class BlockStore {
   // first miss).
   virtual size_t CountPrefix(std::span<const BlockHash> chain) const = 0;
 
+  // CountPrefix asked asynchronously, for a store whose index is not in
+  // this process (a remote tier): the question is queued and its answer
+  // comes from PollCountPrefix, tagged. A store whose index is local answers
+  // at once: this default queues CountPrefix's answer for the next poll.
+  struct PrefixAnswer {
+    uint64_t tag = 0;
+    size_t blocks = 0;
+  };
+  virtual void SubmitCountPrefix(std::span<const BlockHash> chain, uint64_t tag) {
+    answers_.push_back({tag, CountPrefix(chain)});
+  }
+  // Appends the answers ready now to `out`; returns how many. Never blocks.
+  virtual size_t PollCountPrefix(std::vector<PrefixAnswer>* out) {
+    const size_t n = answers_.size();
+    out->insert(out->end(), answers_.begin(), answers_.end());
+    answers_.clear();
+    return n;
+  }
+
   // Queues a copy of `data` (block_bytes long) under `h`. The store copies or
   // finishes with `data` before the completion for `tag` is polled; the caller
   // keeps it valid until then. Storing an existing hash completes OK at once.
@@ -92,6 +111,9 @@ class BlockStore {
   virtual Status Remove(const BlockHash& h) = 0;
   // Removes every block of namespace `ns` (all when ns is null).
   virtual Status Flush(const Sha256Digest* ns) = 0;
+
+ private:
+  std::vector<PrefixAnswer> answers_;  // the default SubmitCountPrefix's
 };
 
 }  // namespace strata::kvcache

@@ -62,11 +62,69 @@ PrefixMatch KvManager::Match(std::span<const int32_t> prompt, std::string_view c
   m.lower_tokens = static_cast<int32_t>(src.size()) * options_.block_size;
   m.lower_tier_tokens.assign(mover_->num_tiers(), 0);
   for (int t : src) m.lower_tier_tokens[static_cast<size_t>(t)] += options_.block_size;
+  m.lower_sources = src;
   return m;
 }
 
-Status KvManager::AddRequest(RequestId id, std::span<const int32_t> prompt,
-                             std::string_view cache_salt) {
+uint64_t KvManager::SubmitLookup(std::span<const int32_t> prompt, std::string_view cache_salt,
+                                 int64_t deadline_nanos) {
+  PendingLookup l;
+  l.chain = HashPrefix(options_.ns, prompt, options_.block_size, cache_salt);
+  l.max_blocks = static_cast<size_t>(MaxCachedBlocks(prompt.size(), l.chain.size()));
+  l.device_blocks = CountDeviceHits(l.chain, l.max_blocks);
+  l.mover_id = mover_->SubmitLookup(l.chain, l.device_blocks, l.max_blocks, deadline_nanos);
+  const uint64_t id = next_lookup_++;
+  lookups_.emplace(id, std::move(l));
+  return id;
+}
+
+std::vector<int> KvManager::Rebase(size_t from, std::vector<int> src, size_t device) {
+  if (device < from) return {};
+  const size_t drop = device - from;
+  if (drop >= src.size()) return {};
+  src.erase(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(drop));
+  return src;
+}
+
+LookupState KvManager::TakeLookup(uint64_t id, PrefixMatch* out) {
+  auto it = lookups_.find(id);
+  if (it == lookups_.end()) return LookupState::kExpired;
+  PendingLookup& l = it->second;
+  std::vector<int> src;
+  const LookupState state = mover_->TakeLookup(l.mover_id, &src);
+  if (state == LookupState::kPending) return state;
+  const size_t d = CountDeviceHits(l.chain, l.max_blocks);
+  *out = PrefixMatch{};
+  out->device_tokens = static_cast<int32_t>(d) * options_.block_size;
+  out->lower_sources = Rebase(l.device_blocks, std::move(src), d);
+  out->lower_tokens = static_cast<int32_t>(out->lower_sources.size()) * options_.block_size;
+  out->lower_tier_tokens.assign(mover_->num_tiers(), 0);
+  for (int t : out->lower_sources) out->lower_tier_tokens[static_cast<size_t>(t)] += options_.block_size;
+  lookups_.erase(it);
+  return state;
+}
+
+int32_t KvManager::PrefixTokens(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return 0;
+  const Request& r = it->second;
+  if (r.prefix_taken) return r.cached_blocks * options_.block_size;
+  const size_t max_blocks = static_cast<size_t>(MaxCachedBlocks(r.prompt.size(), r.chain.size()));
+  const size_t d = CountDeviceHits(r.chain, max_blocks);
+  const size_t h = r.has_hint ? Rebase(static_cast<size_t>(r.hint_from), r.hint, d).size()
+                              : mover_->LowerHits(r.chain, d, max_blocks).size();
+  return static_cast<int32_t>(std::min(max_blocks, d + h)) * options_.block_size;
+}
+
+void KvManager::CancelLookup(uint64_t id) {
+  auto it = lookups_.find(id);
+  if (it == lookups_.end()) return;
+  mover_->CancelLookup(it->second.mover_id);
+  lookups_.erase(it);
+}
+
+Status KvManager::AddRequest(RequestId id, std::span<const int32_t> prompt, std::string_view cache_salt,
+                             const PrefixMatch* looked_up) {
   if (prompt.empty()) return Status::InvalidArgument("kv manager: empty prompt");
   if (requests_.contains(id))
     return Status::InvalidArgument("kv manager: request " + std::to_string(id.value()) +
@@ -76,6 +134,11 @@ Status KvManager::AddRequest(RequestId id, std::span<const int32_t> prompt,
   r.salt.assign(cache_salt);
   r.chain = HashPrefix(options_.ns, prompt, options_.block_size, cache_salt);
   r.epoch = next_epoch_++;
+  if (looked_up != nullptr) {
+    r.has_hint = true;
+    r.hint_from = looked_up->device_tokens / options_.block_size;
+    r.hint = looked_up->lower_sources;
+  }
   requests_.emplace(id, std::move(r));
   return Status::Ok();
 }
@@ -101,7 +164,11 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
   const size_t bs = static_cast<size_t>(options_.block_size);
   const size_t max_blocks = static_cast<size_t>(MaxCachedBlocks(r.prompt.size(), r.chain.size()));
   const size_t d = CountDeviceHits(r.chain, max_blocks);
-  const auto src = mover_->LowerHits(r.chain, d, max_blocks);
+  // A looked-up answer stands in for asking the tiers (kept until the prefix
+  // is taken: a kNotNow below changes nothing).
+  std::vector<int> src = r.has_hint ? Rebase(static_cast<size_t>(r.hint_from), r.hint, d)
+                                    : mover_->LowerHits(r.chain, d, max_blocks);
+  if (src.size() > max_blocks - std::min(max_blocks, d)) src.resize(max_blocks - std::min(max_blocks, d));
   const size_t h = src.size();
   const size_t need = std::max((static_cast<size_t>(num_tokens) + bs - 1) / bs, d + h);
 

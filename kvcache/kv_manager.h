@@ -88,9 +88,32 @@ class KvManager {
   // Pure query (no state change, no stats): how much of `prompt` would hit now.
   PrefixMatch Match(std::span<const int32_t> prompt, std::string_view cache_salt) const;
 
+  // Match asked asynchronously, for waiting requests: device hits are
+  // counted when the answer is taken; the lower tiers are asked through the
+  // mover (TierMover::SubmitLookup), so a tier whose index is remote never
+  // blocks the engine. With local tiers only, the answer is ready at once.
+  // `deadline_nanos` is Clock time: past it, an unanswered lookup counts as
+  // a lower-tier miss.
+  uint64_t SubmitLookup(std::span<const int32_t> prompt, std::string_view cache_salt, int64_t deadline_nanos);
+  // kPending: nothing in *out. kDone / kExpired: *out is the match (lower
+  // part empty when expired), and the lookup is forgotten.
+  LookupState TakeLookup(uint64_t id, PrefixMatch* out);
+  void CancelLookup(uint64_t id);
+
+  // Tokens the request's first Allocate would take from cache now: device
+  // hits counted now, then the lower hits of AddRequest's `looked_up` (or of
+  // the tiers, asked now, without one). After the first Allocate:
+  // CachedTokens. 0 for an unknown id.
+  int32_t PrefixTokens(RequestId id) const;
+
   // Starts tracking a request. InvalidArgument if `id` is already tracked or
   // the prompt is empty.
-  Status AddRequest(RequestId id, std::span<const int32_t> prompt, std::string_view cache_salt);
+  // `looked_up`: a match of this prompt taken from a lookup (TakeLookup);
+  // the first Allocate then loads the lower blocks it names instead of
+  // asking the tiers again (a block gone since fails its load and is
+  // recomputed, as any failed load).
+  Status AddRequest(RequestId id, std::span<const int32_t> prompt, std::string_view cache_salt,
+                    const PrefixMatch* looked_up = nullptr);
 
   // Makes the request's block table cover `num_tokens` positions (the first
   // call also takes the cached prefix, possibly covering more). kNotNow:
@@ -176,6 +199,17 @@ class KvManager {
     // against the new one (they drove loads_pending negative, or to 0 before
     // the new loads had landed, so stale KV was computed on).
     uint64_t epoch = 0;
+    // From AddRequest's `looked_up`: the lower hits' sources from block
+    // hint_from on (has_hint false: ask the mover at the first Allocate).
+    bool has_hint = false;
+    int32_t hint_from = 0;
+    std::vector<int> hint;
+  };
+  struct PendingLookup {
+    std::vector<BlockHash> chain;
+    size_t max_blocks = 0;
+    size_t device_blocks = 0;  // device hits when submitted (the lower walk starts there)
+    uint64_t mover_id = 0;
   };
 
   KvManager(const KvManagerOptions& options, Clock* clock);
@@ -185,12 +219,18 @@ class KvManager {
   // A load the mover finished: settles the request's prefix when it was the last.
   void OnLoadDone(const LoadDone& d);
   void FinishLoads(Request& r);
+  // Lower sources found from block `from` on, as seen from `device` device
+  // hits now: shifted when the device gained blocks since, none when it
+  // lost some (the chain would have a gap).
+  static std::vector<int> Rebase(size_t from, std::vector<int> src, size_t device);
 
   const KvManagerOptions options_;
   Clock* const clock_;
   BlockPool pool_;
   std::unordered_map<RequestId, Request> requests_;
   uint64_t next_epoch_ = 1;
+  std::unordered_map<uint64_t, PendingLookup> lookups_;
+  uint64_t next_lookup_ = 1;
   KvManagerStats stats_;  // queries, device and lower hits (the mover keeps the rest)
   // Destroyed first (see ~KvManager): its drain reports loads into requests_.
   std::unique_ptr<TierMover> mover_;

@@ -61,7 +61,17 @@ struct PrefixMatch {
   int32_t device_tokens = 0;
   int32_t lower_tokens = 0;               // sum over lower tiers
   std::vector<int32_t> lower_tier_tokens;  // per lower tier, in chain order
+  // The lower hits block by block: the source tier (index into the chain)
+  // of blocks [device_tokens / block_size, + lower_sources.size()).
+  std::vector<int> lower_sources;
   int32_t total() const { return device_tokens + lower_tokens; }
+};
+
+// An asynchronous lookup's state (KvManager::TakeLookup).
+enum class LookupState {
+  kPending,  // not answered yet, deadline not passed
+  kDone,     // answered
+  kExpired,  // the deadline passed first: the lower tiers count as a miss
 };
 
 // One lower tier of the chain, in order (host before disk).

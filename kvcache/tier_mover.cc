@@ -135,6 +135,110 @@ std::vector<int> TierMover::LowerHits(std::span<const BlockHash> chain, size_t f
   return src;
 }
 
+uint64_t TierMover::SubmitLookup(std::vector<BlockHash> chain, size_t from, size_t max_blocks,
+                                 int64_t deadline_nanos) {
+  const uint64_t id = next_lookup_++;
+  Lookup l;
+  l.chain = std::move(chain);
+  l.pos = from;
+  l.max = std::min(max_blocks, l.chain.size());
+  l.deadline_nanos = deadline_nanos;
+  l.done = options_.load_policy == LoadPolicy::kNever || lowers_.empty() || l.pos >= l.max;
+  lookups_.emplace(id, std::move(l));
+  AdvanceLookup(id);
+  return id;
+}
+
+void TierMover::ApplyAnswer(Lookup& l, size_t blocks) {
+  l.asking = 0;
+  blocks = std::min(blocks, l.max - l.pos);
+  if (blocks == 0) {
+    if (++l.tier >= lowers_.size()) l.done = true;  // no tier holds the next block
+    return;
+  }
+  if (!WorthLoading(lowers_[l.tier], blocks)) {
+    l.done = true;  // recompute from here on
+    return;
+  }
+  l.src.insert(l.src.end(), blocks, static_cast<int>(l.tier));
+  l.pos += blocks;
+  l.tier = 0;  // the next block: ask from the top tier again
+  if (l.pos >= l.max) l.done = true;
+}
+
+void TierMover::AdvanceLookup(uint64_t id) {
+  for (;;) {
+    auto it = lookups_.find(id);
+    if (it == lookups_.end()) return;
+    Lookup& l = it->second;
+    if (l.done || l.asking != 0) return;
+    const uint64_t q = next_tag_++;
+    l.asking = q;
+    questions_.emplace(q, id);
+    BlockStore* store = lowers_[l.tier].store;
+    store->SubmitCountPrefix(std::span<const BlockHash>(l.chain).subspan(l.pos, l.max - l.pos), q);
+    // A local index has answered already; a remote one answers in Poll().
+    answers_.clear();
+    store->PollCountPrefix(&answers_);
+    const std::vector<BlockStore::PrefixAnswer> got = answers_;
+    for (const auto& a : got) {
+      auto qit = questions_.find(a.tag);
+      if (qit == questions_.end()) continue;  // a cancelled or expired lookup's
+      const uint64_t owner = qit->second;
+      questions_.erase(qit);
+      auto lit = lookups_.find(owner);
+      if (lit == lookups_.end() || lit->second.asking != a.tag) continue;
+      ApplyAnswer(lit->second, a.blocks);
+      if (owner != id) AdvanceLookup(owner);
+    }
+    if (l.asking == q) return;  // still waiting for this answer
+  }
+}
+
+size_t TierMover::PollLookups() {
+  if (lookups_.empty()) return 0;
+  size_t n = 0;
+  std::vector<uint64_t> ready;
+  for (const auto& t : lowers_) {
+    answers_.clear();
+    n += t.store->PollCountPrefix(&answers_);
+    for (const auto& a : answers_) {
+      auto qit = questions_.find(a.tag);
+      if (qit == questions_.end()) continue;
+      const uint64_t owner = qit->second;
+      questions_.erase(qit);
+      auto lit = lookups_.find(owner);
+      if (lit == lookups_.end() || lit->second.asking != a.tag) continue;
+      ApplyAnswer(lit->second, a.blocks);
+      ready.push_back(owner);
+    }
+  }
+  for (uint64_t id : ready) AdvanceLookup(id);
+  return n;
+}
+
+LookupState TierMover::TakeLookup(uint64_t id, std::vector<int>* src) {
+  src->clear();
+  auto it = lookups_.find(id);
+  if (it == lookups_.end()) return LookupState::kExpired;
+  Lookup& l = it->second;
+  if (l.done) {
+    *src = std::move(l.src);
+    CancelLookup(id);
+    return LookupState::kDone;
+  }
+  if (clock_->NowNanos() < l.deadline_nanos) return LookupState::kPending;
+  CancelLookup(id);
+  return LookupState::kExpired;
+}
+
+void TierMover::CancelLookup(uint64_t id) {
+  auto it = lookups_.find(id);
+  if (it == lookups_.end()) return;
+  if (it->second.asking != 0) questions_.erase(it->second.asking);
+  lookups_.erase(it);
+}
+
 Status TierMover::SubmitLoad(int tier, BlockId block, const BlockHash& hash, RequestId request, uint64_t epoch,
                              int32_t block_index) {
   const uint64_t tag = next_tag_++;
@@ -396,7 +500,7 @@ void TierMover::Complete(const StoreCompletion& c) {
 }
 
 size_t TierMover::Poll() {
-  size_t n = 0;
+  size_t n = PollLookups();
   for (const auto& t : lowers_) {
     completions_.clear();
     n += t.store->Poll(&completions_);

@@ -89,6 +89,18 @@ class TierMover {
   // capped at max_blocks (see the top). A pure query.
   std::vector<int> LowerHits(std::span<const BlockHash> chain, size_t from, size_t max_blocks) const;
 
+  // LowerHits asked asynchronously (BlockStore::SubmitCountPrefix) with a
+  // deadline in Clock time, so a tier whose index is remote never blocks
+  // the caller. Local tiers answer at once: with only those, the lookup is
+  // done when SubmitLookup returns. Answers advance in Poll().
+  uint64_t SubmitLookup(std::vector<BlockHash> chain, size_t from, size_t max_blocks, int64_t deadline_nanos);
+  // kDone: *src as LowerHits would have answered. kExpired (the deadline
+  // passed unanswered): a miss, *src empty. Either forgets the lookup (a late
+  // answer is ignored); kPending leaves it. An unknown id is kExpired.
+  LookupState TakeLookup(uint64_t id, std::vector<int>* src);
+  void CancelLookup(uint64_t id);
+  size_t lookups_pending() const { return lookups_.size(); }
+
   // Queues a read of `hash` from tier `tier` into device block `block`,
   // reporting to LoadDoneFn. An error means nothing was queued (counted as a
   // failed load).
@@ -141,6 +153,23 @@ class TierMover {
   struct AlignedFree {
     void operator()(uint8_t* p) const;
   };
+  // An asynchronous lookup walking the chain as LowerHits does: at `pos`,
+  // tier `tier` is being asked (question tag `asking`, 0 = none).
+  struct Lookup {
+    std::vector<BlockHash> chain;
+    size_t pos = 0, max = 0, tier = 0;
+    std::vector<int> src;
+    int64_t deadline_nanos = 0;
+    uint64_t asking = 0;
+    bool done = false;
+  };
+
+  // Asks the next question of lookup `id`, applying answers already there,
+  // until it waits for one or is done.
+  void AdvanceLookup(uint64_t id);
+  void ApplyAnswer(Lookup& l, size_t blocks);
+  // Polls every tier's count answers and advances their lookups.
+  size_t PollLookups();
 
   TierMover(const KvManagerOptions& options, BlockMemoryFn device_memory, std::vector<LowerTier> lowers,
             BlockPool* pool, Clock* clock, LoadDoneFn on_load_done);
@@ -173,6 +202,10 @@ class TierMover {
   Clock* const clock_;
   const LoadDoneFn on_load_done_;
   std::unordered_map<uint64_t, Op> ops_;
+  std::unordered_map<uint64_t, Lookup> lookups_;
+  std::unordered_map<uint64_t, uint64_t> questions_;  // question tag -> lookup id
+  uint64_t next_lookup_ = 1;
+  std::vector<BlockStore::PrefixAnswer> answers_;  // reused by PollLookups
   std::vector<std::unordered_set<BlockHash, BlockHashHasher>> writes_in_flight_;  // per tier
   // Hits per hash, for admit_after; cleared when it grows past kMaxHitCounts.
   std::unordered_map<BlockHash, uint32_t, BlockHashHasher> hit_counts_;

@@ -38,6 +38,11 @@ struct Engine::Sequence {
   bool loading = false;          // waiting for tier loads
   bool ever_admitted = false;
   bool want_logprobs = false;
+  // The asynchronous lookup of its cached prefix while waiting (see
+  // Engine::LookedUp): in flight (id != 0), or answered in step `match_step`.
+  uint64_t lookup = 0;
+  uint64_t match_step = 0;  // 0: no answer
+  kvcache::PrefixMatch match;
   Sampler sampler;
   StreamDecoder decoder;
   StopMatcher stop;
@@ -227,6 +232,8 @@ void Engine::Emit(Sequence& s, bool finished, const std::string& reason, const S
 }
 
 void Engine::Finish(Sequence& s, const std::string& reason, Status status) {
+  if (s.lookup != 0) kv_->CancelLookup(s.lookup);
+  s.lookup = 0;
   if (s.in_kv) kv_->Free(s.id);
   s.in_kv = false;
   if (s.prefetched) --num_prefetching_;
@@ -305,12 +312,16 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
       // Its prefix is already taken (maybe still loading): grow that table.
       start = std::min(kv_->CachedTokens(s->id), len - 1);
     } else {
-      if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt); !a.ok()) {
+      // The head waits for its lookup (at most lookup_timeout_seconds): the
+      // queue stays in order, running requests go on.
+      if (!LookedUp(*s)) break;
+      if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt, &s->match); !a.ok()) {
         Finish(*s, "error", a);
         any = true;
         continue;
       }
-      start = std::min(kv_->Match(s->tokens, s->req.cache_salt).total(), len - 1);
+      s->match_step = 0;  // used: a later wait asks again
+      start = std::min(kv_->PrefixTokens(s->id), len - 1);
     }
     const int32_t chunk = std::min(len - start, *budget);
     auto r = kv_->Allocate(s->id, start + chunk);
@@ -373,6 +384,18 @@ bool Engine::DropPrefetch(const Sequence* keep) {
   return false;
 }
 
+bool Engine::LookedUp(Sequence& s) {
+  if (s.match_step == step_seq_) return true;
+  if (s.lookup == 0) {
+    const auto timeout = static_cast<int64_t>(options_.lookup_timeout_seconds * 1e9);
+    s.lookup = kv_->SubmitLookup(s.tokens, s.req.cache_salt, clock_->NowNanos() + timeout);
+  }
+  if (kv_->TakeLookup(s.lookup, &s.match) == kvcache::LookupState::kPending) return false;
+  s.lookup = 0;
+  s.match_step = step_seq_;
+  return true;
+}
+
 bool Engine::Prefetch() {
   const int max = options_.prefetch_max_requests;
   // Not in a step that had to take prefetched blocks back (no ping-pong).
@@ -389,7 +412,8 @@ bool Engine::Prefetch() {
     if (head_needs_blocks_ && s != waiting_.front()) break;
     if (s->in_kv) continue;
     ++examined;
-    const kvcache::PrefixMatch m = kv_->Match(s->tokens, s->req.cache_salt);
+    if (!LookedUp(*s)) continue;  // its answer comes in a later step
+    const kvcache::PrefixMatch& m = s->match;
     if (m.lower_tokens <= 0) continue;
     // Upper bound on the blocks it takes from the allocatable ones.
     const int32_t cost = m.total() / bs;
@@ -398,7 +422,8 @@ bool Engine::Prefetch() {
     if (static_cast<double>(held + cost) > options_.prefetch_max_block_share * static_cast<double>(room)) continue;
     // Leave one block per running sequence for its next step.
     if (allocatable - cost < static_cast<int32_t>(running_.size())) continue;
-    if (!kv_->AddRequest(s->id, s->tokens, s->req.cache_salt).ok()) continue;
+    if (!kv_->AddRequest(s->id, s->tokens, s->req.cache_salt, &m).ok()) continue;
+    s->match_step = 0;
     auto r = kv_->Allocate(s->id, 0);  // just the cached prefix; loads queued
     if (!r || *r != kvcache::AllocOutcome::kAllocated) {
       kv_->Free(s->id);
@@ -445,6 +470,7 @@ Result<bool> Engine::Step() {
   const size_t unfinished_before = seqs_.size();
   released_this_step_ = false;
   head_needs_blocks_ = false;
+  ++step_seq_;
   TakeInbox();
   bool did = seqs_.size() != unfinished_before;
   kv_->Poll();

@@ -109,6 +109,10 @@ struct EngineOptions {
   int max_waiting = 1024;      // queued, not yet running; Submit beyond it is ResourceExhausted
   int prefetch_max_requests = 4;          // waiting requests loading their prefix early; 0 = off
   double prefetch_max_block_share = 0.5;  // of allocatable + prefetch-held device blocks; (0, 1]
+  // Waiting requests ask the KV tiers for their cached prefix asynchronously
+  // (KvManager::SubmitLookup); an answer later than this counts as a
+  // lower-tier miss. Local tiers answer at once.
+  double lookup_timeout_seconds = 0.05;
 };
 
 struct EngineRequest {
@@ -276,6 +280,10 @@ class Engine {
   void OnReady(Sequence& s);
   // Starts prefetches for waiting requests (see the top). True when any began.
   bool Prefetch();
+  // The waiting request's cached prefix in s.match, answered in this step:
+  // submits its lookup when none is in flight; false while the answer is
+  // pending (it arrives in a later step, or the deadline makes it a miss).
+  bool LookedUp(Sequence& s);
   // Releases the prefetch of the latest waiting request holding one, other
   // than `keep`. False when there is none.
   bool DropPrefetch(const Sequence* keep);
@@ -320,6 +328,7 @@ class Engine {
   std::vector<Sequence*> running_;  // admission order
   uint64_t step_nanos_ = 0, forward_nanos_ = 0, step_prefill_tokens_ = 0, step_decode_tokens_ = 0;
   uint64_t steps_ = 0, preemptions_ = 0, prompt_tokens_ = 0, generation_tokens_ = 0;
+  uint64_t step_seq_ = 0;  // Step() calls, forward or not (a lookup answer is valid within one)
   uint64_t prefetches_started_ = 0, prefetched_blocks_ = 0, prefetches_used_ = 0, prefetches_released_ = 0;
   int num_prefetching_ = 0;
   bool released_this_step_ = false;
