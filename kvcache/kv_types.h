@@ -50,7 +50,7 @@ struct KvManagerOptions {
 // Device block memory: the start of block `id` (block_bytes long), e.g.
 // ForwardEngine::block_data. The blocks must form one contiguous range
 // (block i at block 0 + i * block_bytes): the manager registers it as a
-// memory segment (kvcache/copy_engine.h moves bytes by segment and offset).
+// memory segment (common/copy_engine.h moves bytes by segment and offset).
 // Empty function = metadata-only mode.
 using BlockMemoryFn = std::function<uint8_t*(BlockId)>;
 

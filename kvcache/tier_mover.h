@@ -51,7 +51,7 @@
 #include "common/status.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/clock.h"
-#include "kvcache/copy_engine.h"
+#include "common/copy_engine.h"
 #include "kvcache/kv_types.h"
 
 namespace strata::kvcache {

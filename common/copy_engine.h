@@ -1,10 +1,11 @@
 #pragma once
 // CopyEngine: moves bytes between regions of registered memory
 // (common/memory_segment.h) with submit / poll, like the block stores, and
-// fences a caller can wait on. The KV manager copies through one (it never
-// calls memcpy itself); the CPU backend's is CpuCopyEngine below, a CUDA
-// backend's will run on a copy stream, the transfer engine's over the
-// network, each behind this interface.
+// fences a caller can wait on. The KV cache's tier mover copies through one
+// (it never calls memcpy itself); the CPU backend's is CpuCopyEngine below,
+// a CUDA backend's will run on a copy stream, the transfer engine's over
+// the network, each behind this interface. In common/ because backends,
+// the KV cache and the transfer engine all implement or use it.
 //
 // Ordering: copies complete in submission order, and a fence is reached
 // once every copy submitted before it has completed (OK or not).
@@ -23,7 +24,7 @@
 #include "common/memory_segment.h"
 #include "common/status.h"
 
-namespace strata::kvcache {
+namespace strata {
 
 struct CopyCompletion {
   uint64_t tag = 0;  // the caller's tag from Submit
@@ -98,4 +99,4 @@ class CpuCopyEngine final : public CopyEngine {
   std::thread worker_;
 };
 
-}  // namespace strata::kvcache
+}  // namespace strata

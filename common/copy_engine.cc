@@ -1,8 +1,8 @@
-#include "kvcache/copy_engine.h"
+#include "common/copy_engine.h"
 
 #include <cstring>
 
-namespace strata::kvcache {
+namespace strata {
 
 CpuCopyEngine::CpuCopyEngine(const SegmentTable* segments, Mode mode) : segments_(segments), mode_(mode) {
   if (mode_ == Mode::kWorker) worker_ = std::thread([this] { Run(); });
@@ -82,4 +82,4 @@ size_t CpuCopyEngine::Poll(std::vector<CopyCompletion>* out) {
   return n;
 }
 
-}  // namespace strata::kvcache
+}  // namespace strata

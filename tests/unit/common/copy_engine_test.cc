@@ -4,7 +4,7 @@
 // the CPU engine), zero-length and out-of-bounds regions refused with the
 // segment named, and fences in both modes (inline and on a worker thread).
 
-#include "kvcache/copy_engine.h"
+#include "common/copy_engine.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <numeric>
 #include <vector>
 
-namespace strata::kvcache {
+namespace strata {
 namespace {
 
 std::vector<uint8_t> Pattern(size_t n, uint8_t seed) {
@@ -203,4 +203,4 @@ TEST(CopyEngine, DestroyingAWorkerEngineFinishesItsCopies) {
 }
 
 }  // namespace
-}  // namespace strata::kvcache
+}  // namespace strata
