@@ -166,6 +166,17 @@ void TierMover::ApplyAnswer(Lookup& l, size_t blocks) {
   if (l.pos >= l.max) l.done = true;
 }
 
+uint64_t TierMover::TakeAnswer(const BlockStore::PrefixAnswer& a) {
+  auto qit = questions_.find(a.tag);
+  if (qit == questions_.end()) return 0;  // a cancelled or expired lookup's
+  const uint64_t owner = qit->second;
+  questions_.erase(qit);
+  auto lit = lookups_.find(owner);
+  if (lit == lookups_.end() || lit->second.asking != a.tag) return 0;
+  ApplyAnswer(lit->second, a.blocks);
+  return owner;
+}
+
 void TierMover::AdvanceLookup(uint64_t id) {
   for (;;) {
     auto it = lookups_.find(id);
@@ -182,14 +193,8 @@ void TierMover::AdvanceLookup(uint64_t id) {
     store->PollCountPrefix(&answers_);
     const std::vector<BlockStore::PrefixAnswer> got = answers_;
     for (const auto& a : got) {
-      auto qit = questions_.find(a.tag);
-      if (qit == questions_.end()) continue;  // a cancelled or expired lookup's
-      const uint64_t owner = qit->second;
-      questions_.erase(qit);
-      auto lit = lookups_.find(owner);
-      if (lit == lookups_.end() || lit->second.asking != a.tag) continue;
-      ApplyAnswer(lit->second, a.blocks);
-      if (owner != id) AdvanceLookup(owner);
+      const uint64_t owner = TakeAnswer(a);
+      if (owner != 0 && owner != id) AdvanceLookup(owner);
     }
     if (l.asking == q) return;  // still waiting for this answer
   }
@@ -202,16 +207,8 @@ size_t TierMover::PollLookups() {
   for (const auto& t : lowers_) {
     answers_.clear();
     n += t.store->PollCountPrefix(&answers_);
-    for (const auto& a : answers_) {
-      auto qit = questions_.find(a.tag);
-      if (qit == questions_.end()) continue;
-      const uint64_t owner = qit->second;
-      questions_.erase(qit);
-      auto lit = lookups_.find(owner);
-      if (lit == lookups_.end() || lit->second.asking != a.tag) continue;
-      ApplyAnswer(lit->second, a.blocks);
-      ready.push_back(owner);
-    }
+    for (const auto& a : answers_)
+      if (const uint64_t owner = TakeAnswer(a); owner != 0) ready.push_back(owner);
   }
   for (uint64_t id : ready) AdvanceLookup(id);
   return n;

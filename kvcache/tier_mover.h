@@ -168,6 +168,9 @@ class TierMover {
   // until it waits for one or is done.
   void AdvanceLookup(uint64_t id);
   void ApplyAnswer(Lookup& l, size_t blocks);
+  // Applies an answer to the lookup that asked it; returns that lookup's id,
+  // or 0 when no lookup waits for it (cancelled, expired).
+  uint64_t TakeAnswer(const BlockStore::PrefixAnswer& a);
   // Polls every tier's count answers and advances their lookups.
   size_t PollLookups();
 
