@@ -35,6 +35,11 @@ Status CheckAdmitAfter(std::string_view where, int64_t v) {
   return Status::Ok();
 }
 
+Status CheckLookupTimeout(std::string_view where, int64_t v) {
+  if (v < 1 || v > 60000) return Bad(where, "out of range [1, 60000] ms: " + std::to_string(v));
+  return Status::Ok();
+}
+
 Status CheckPrefetch(std::string_view where, int64_t v) {
   if (v < 0 || v > 4096) return Bad(where, "out of range [0, 4096]: " + std::to_string(v));
   return Status::Ok();
@@ -46,7 +51,8 @@ const std::vector<std::string>& KvConfigKeys() {
   static const std::vector<std::string> keys = {
       "kv.block_size", "kv.dtype",      "kv.device_bytes",     "kv.host_bytes",
       "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy",
-      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin", "kv.tiers"};
+      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin", "kv.tiers",
+      "kv.lookup_timeout_ms"};
   return keys;
 }
 
@@ -158,6 +164,12 @@ Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConf
     STRATA_RETURN_IF_ERROR(CheckPrefetch(o + "kv.prefetch_max_requests", *v));
     c.prefetch_max_requests = static_cast<int>(*v);
   }
+  if (cfg.Has("kv.lookup_timeout_ms")) {
+    auto v = cfg.GetInt("kv.lookup_timeout_ms", c.lookup_timeout_ms);
+    if (!v) return named(v.error(), "kv.lookup_timeout_ms");
+    STRATA_RETURN_IF_ERROR(CheckLookupTimeout(o + "kv.lookup_timeout_ms", *v));
+    c.lookup_timeout_ms = static_cast<int>(*v);
+  }
   if (cfg.Has("kv.host_pin")) {
     auto v = cfg.GetBool("kv.host_pin", c.host_pin);
     if (!v) return named(v.error(), "kv.host_pin");
@@ -223,6 +235,12 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
     STRATA_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, value));
     STRATA_RETURN_IF_ERROR(CheckPrefetch(flag, v));
     c->prefetch_max_requests = static_cast<int>(v);
+    return Status::Ok();
+  }
+  if (flag == "--kv-lookup-timeout-ms") {
+    STRATA_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, value));
+    STRATA_RETURN_IF_ERROR(CheckLookupTimeout(flag, v));
+    c->lookup_timeout_ms = static_cast<int>(v);
     return Status::Ok();
   }
   if (flag == "--kv-host-pin") {

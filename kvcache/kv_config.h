@@ -35,6 +35,11 @@ struct KvCacheConfig {
   // that may load their lower-tier prefix before admission (0 = off); the
   // engine's EngineOptions::prefetch_max_requests.
   int prefetch_max_requests = 4;
+  // kv.lookup_timeout_ms --kv-lookup-timeout-ms: how long a waiting request
+  // waits for the tiers' answer on its cached prefix before counting it a
+  // lower-tier miss (EngineOptions::lookup_timeout_seconds). Local tiers
+  // answer at once; it matters for tiers whose index is remote.
+  int lookup_timeout_ms = 50;
   // kv.host_pin --kv-host-pin: page-lock the host tier's buffer
   // (cudaHostRegister) when a CUDA device is present, so device copies run
   // at full speed; false leaves it pageable (operators who cannot spare

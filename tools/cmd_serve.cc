@@ -230,6 +230,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   eo.max_waiting = f.max_waiting;
   eo.max_batch_tokens = f.max_batch_tokens;
   eo.prefetch_max_requests = f.engine.kv.prefetch_max_requests;
+  eo.lookup_timeout_seconds = f.engine.kv.lookup_timeout_ms / 1000.0;
   auto engine = scheduler::Engine::Create(eo, &runner, (*stack)->manager.get(), m.tokenizer.get(), kvcache::RealClock());
   if (!engine) return Fail(engine.error());
   (*engine)->Start();

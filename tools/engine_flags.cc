@@ -33,6 +33,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "write-through: copy full blocks to disk when committed; write-back: when evicted from device");
   cmd->add_option("--kv-prefetch-max-requests", CLI::callback_t{},
                   "waiting requests that may load cached prefixes before admission (0 = off; default 4)");
+  cmd->add_option("--kv-lookup-timeout-ms", CLI::callback_t{},
+                  "how long a waiting request waits for the KV tiers' answer on its cached prefix before counting it a "
+                  "miss (default 50)");
   cmd->add_option("--kv-host-pin", CLI::callback_t{},
                   "true: page-lock the host tier for device copies when a CUDA device is present (default); false: "
                   "leave it pageable");
@@ -94,7 +97,8 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
     if (Status s = kvcache::ApplyKvFlag(flag, text, &f->kv); !s.ok()) return fail(s);
   }
   for (const char* flag :
-       {"--kv-host-write-policy", "--kv-disk-write-policy", "--kv-prefetch-max-requests", "--kv-host-pin"}) {
+       {"--kv-host-write-policy", "--kv-disk-write-policy", "--kv-prefetch-max-requests", "--kv-lookup-timeout-ms",
+        "--kv-host-pin"}) {
     if (unset(flag)) continue;
     const std::string text = cmd->get_option(flag)->as<std::string>();
     if (Status s = kvcache::ApplyKvFlag(flag, text, &f->kv); !s.ok()) return fail(s);

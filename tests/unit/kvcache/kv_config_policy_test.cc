@@ -99,3 +99,32 @@ TEST(KvConfigPolicyTest, LowerTierOfEqualSizeWarnsToo) {
 
 }  // namespace
 }  // namespace strata::kvcache
+
+namespace strata::kvcache {
+namespace {
+
+TEST(KvConfigPolicyTest, LookupTimeoutFromYamlAndFlagWithRangeErrors) {
+  EXPECT_EQ(KvCacheConfig{}.lookup_timeout_ms, 50);
+  auto cfg = Config::Parse("kv:\n  lookup_timeout_ms: 250\n", "test.yaml");
+  ASSERT_TRUE(cfg.ok());
+  ASSERT_TRUE(cfg->CheckKnownKeys(KvConfigKeys()).ok());
+  auto c = KvCacheConfigFromYaml(*cfg, {});
+  ASSERT_TRUE(c.ok()) << c.error().ToString();
+  EXPECT_EQ(c->lookup_timeout_ms, 250);
+  KvCacheConfig f = *c;
+  ASSERT_TRUE(ApplyKvFlag("--kv-lookup-timeout-ms", "7", &f).ok());
+  EXPECT_EQ(f.lookup_timeout_ms, 7);
+  for (const char* bad : {"0", "60001", "-5", "fast"}) {
+    Status s = ApplyKvFlag("--kv-lookup-timeout-ms", bad, &f);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("--kv-lookup-timeout-ms"), std::string::npos) << s.message();
+  }
+  auto zero = Config::Parse("kv:\n  lookup_timeout_ms: 0\n", "test.yaml");
+  ASSERT_TRUE(zero.ok());
+  auto z = KvCacheConfigFromYaml(*zero, {});
+  ASSERT_FALSE(z.ok());
+  EXPECT_NE(z.error().message().find("kv.lookup_timeout_ms"), std::string::npos) << z.error().message();
+}
+
+}  // namespace
+}  // namespace strata::kvcache
