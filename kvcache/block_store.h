@@ -69,6 +69,8 @@ class BlockStore {
   // this process (a remote tier): the question is queued and its answer
   // comes from PollCountPrefix, tagged. A store whose index is local answers
   // at once: this default queues CountPrefix's answer for the next poll.
+  // `chain` is valid only during the call: a store that answers later copies
+  // what it needs (the asker may forget the question meanwhile).
   struct PrefixAnswer {
     uint64_t tag = 0;
     size_t blocks = 0;

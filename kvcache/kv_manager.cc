@@ -88,7 +88,11 @@ std::vector<int> KvManager::Rebase(size_t from, std::vector<int> src, size_t dev
 
 LookupState KvManager::TakeLookup(uint64_t id, PrefixMatch* out) {
   auto it = lookups_.find(id);
-  if (it == lookups_.end()) return LookupState::kExpired;
+  if (it == lookups_.end()) {  // unknown, or already taken: no answer
+    *out = PrefixMatch{};
+    out->lower_tier_tokens.assign(mover_->num_tiers(), 0);
+    return LookupState::kExpired;
+  }
   PendingLookup& l = it->second;
   std::vector<int> src;
   const LookupState state = mover_->TakeLookup(l.mover_id, &src);
@@ -262,6 +266,9 @@ void KvManager::Free(RequestId id) {
 }
 
 void KvManager::OnLoadDone(const LoadDone& d) {
+  // The manager is being destroyed (~KvManager: reset() nulls mover_ before
+  // the mover's drain reports its loads): nothing is left to settle.
+  if (mover_ == nullptr) return;
   // A load of an earlier incarnation of this id (freed and re-added while
   // the load was in flight) only releases its block (the mover does).
   auto rit = requests_.find(d.request);

@@ -78,7 +78,8 @@ class KvManager {
   static Result<std::unique_ptr<KvManager>> Create(const KvManagerOptions& options,
                                                    BlockMemoryFn device_memory,
                                                    BlockStore* lower, Clock* clock);
-  // Waits for (drains) the lower tier's outstanding operations.
+  // Waits for (drains) the lower tiers' outstanding operations; requests
+  // still tracked, loading or not, are simply dropped.
   ~KvManager();
   KvManager(const KvManager&) = delete;
   KvManager& operator=(const KvManager&) = delete;
@@ -96,7 +97,8 @@ class KvManager {
   // a lower-tier miss.
   uint64_t SubmitLookup(std::span<const int32_t> prompt, std::string_view cache_salt, int64_t deadline_nanos);
   // kPending: nothing in *out. kDone / kExpired: *out is the match (lower
-  // part empty when expired), and the lookup is forgotten.
+  // part empty when expired; all empty for an unknown or already taken id),
+  // and the lookup is forgotten.
   LookupState TakeLookup(uint64_t id, PrefixMatch* out);
   void CancelLookup(uint64_t id);
 

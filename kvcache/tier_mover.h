@@ -72,8 +72,10 @@ class TierMover {
  public:
   // REQUIRES: no null store; block_bytes > 0 with `device_memory`, whose
   // blocks form one contiguous range (else InvalidArgument). `pool` and
-  // `clock` outlive the mover; `on_load_done` is called on the owner's
-  // thread, from Poll/Drain, before the load's block reference is released.
+  // `clock` outlive the mover; `clock` is the one lookup deadlines are given
+  // in. `on_load_done` is called on the owner's thread from Poll() (which
+  // WriteBackEvicted may call when staging runs short) and from the
+  // destructor's drain, before the load's block reference is released.
   static Result<std::unique_ptr<TierMover>> Create(const KvManagerOptions& options, BlockMemoryFn device_memory,
                                                    std::vector<LowerTier> lowers, BlockPool* pool, Clock* clock,
                                                    LoadDoneFn on_load_done);

@@ -79,6 +79,8 @@ Status ValidateTierSpecs(std::span<const TierSpec> specs) {
       return Bad(s, "the device tier is the backend's pool, sized by kv.device_bytes (--kv-device-bytes), not listed");
     if (s.kind == TierKind::kRemote)
       return Bad(s, "remote tiers cannot be listed: they are other instances' tiers, found through the cluster pool");
+    if (s.name == TierKindName(TierKind::kDevice))
+      return Bad(s, "the name 'device' is the device pool's; give this tier another");
     if (s.bytes == 0) return Bad(s, "bytes is 0: give the tier a size, or leave it out");
     if (s.kind == TierKind::kDisk && s.path.empty()) return Bad(s, "a disk tier needs a path (its directory)");
     if (s.kind != TierKind::kDisk && !s.path.empty())

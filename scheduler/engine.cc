@@ -43,6 +43,7 @@ struct Engine::Sequence {
   uint64_t lookup = 0;
   uint64_t match_step = 0;  // 0: no answer
   kvcache::PrefixMatch match;
+  bool blocked = false;     // the head of the queue, refused blocks last time
   Sampler sampler;
   StreamDecoder decoder;
   StopMatcher stop;
@@ -313,14 +314,19 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
       start = std::min(kv_->CachedTokens(s->id), len - 1);
     } else {
       // The head waits for its lookup (at most lookup_timeout_seconds): the
-      // queue stays in order, running requests go on.
-      if (!LookedUp(*s)) break;
+      // queue stays in order, running requests go on. A head already refused
+      // blocks keeps waiting for blocks on its last answer while a fresh one
+      // is pending (the prefix is a hint: a block gone since is recomputed),
+      // so requests behind it do not take the blocks it waits for.
+      if (!LookedUp(*s)) {
+        if (!s->blocked || s->match_step == 0) break;
+        head_needs_blocks_ = true;
+      }
       if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt, &s->match); !a.ok()) {
         Finish(*s, "error", a);
         any = true;
         continue;
       }
-      s->match_step = 0;  // used: a later wait asks again
       start = std::min(kv_->PrefixTokens(s->id), len - 1);
     }
     const int32_t chunk = std::min(len - start, *budget);
@@ -334,9 +340,12 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
         continue;
       }
       if (!s->prefetched) kv_->Free(s->id);  // a prefetch keeps its blocks while it waits
+      s->blocked = true;
       head_needs_blocks_ = true;
       break;  // head of line waits for blocks
     }
+    s->blocked = false;
+    s->match_step = 0;  // used: a later wait asks again
     if (s->prefetched) {
       s->prefetched = false;
       --num_prefetching_;

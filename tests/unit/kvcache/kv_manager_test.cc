@@ -404,3 +404,24 @@ TEST(KvManagerSegmentsTest, DeviceBlocksAndTheHostArenaAreRegisteredSegments) {
 
 }  // namespace
 }  // namespace strata::kvcache
+
+namespace strata::kvcache {
+namespace {
+
+// A manager destroyed while a request's loads are still in flight (no Poll,
+// no Free) drains them without touching what it is tearing down.
+TEST(KvManagerSegmentsTest, DestroyedWithLoadsInFlight) {
+  auto f = std::make_unique<Fixture>(8, 16);
+  const auto p = std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  f->Run(1, p);
+  f->mgr->Free(RequestId(1));
+  ASSERT_TRUE(f->mgr->Flush(true, {}).ok());  // now on host only
+  ASSERT_TRUE(f->mgr->AddRequest(RequestId(2), p, {}).ok());
+  ASSERT_EQ(*f->mgr->Allocate(RequestId(2), 9), AllocOutcome::kAllocated);
+  ASSERT_FALSE(f->mgr->IsReady(RequestId(2)));  // its two loads wait for Poll
+  f->mgr.reset();
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace strata::kvcache

@@ -101,6 +101,7 @@ TEST(TierRegistry, EveryRefusalNamesTheEntry) {
       {"kv:\n  tiers:\n    - {kind: host, bytes: 1G, admit_after: -1}\n", {"kv.tiers[0]", "admit_after"}},
       {"kv:\n  tiers:\n    - {kind: host, bytes: 1G, name: \"\"}\n", {"kv.tiers[0]", "'name' is empty"}},
       {"kv:\n  tiers:\n    - {kind: device, bytes: 1G}\n", {"kv.tiers[0]", "kv.device_bytes"}},
+      {"kv:\n  tiers:\n    - {kind: host, name: device, bytes: 1G}\n", {"kv.tiers[0]", "the device pool's"}},
       {"kv:\n  tiers:\n    - {kind: remote, bytes: 1G}\n", {"kv.tiers[0]", "cluster pool"}},
       {"kv:\n  tiers:\n    - {kind: host, bytes: 1G}\n    - {kind: host, bytes: 2G}\n",
        {"kv.tiers[1]", "'host'", "kv.tiers[0]"}},
