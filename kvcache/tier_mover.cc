@@ -189,9 +189,9 @@ void TierMover::AdvanceLookup(uint64_t id) {
     BlockStore* store = lowers_[l.tier].store;
     store->SubmitCountPrefix(std::span<const BlockHash>(l.chain).subspan(l.pos, l.max - l.pos), q);
     // A local index has answered already; a remote one answers in Poll().
-    answers_.clear();
-    store->PollCountPrefix(&answers_);
-    const std::vector<BlockStore::PrefixAnswer> got = answers_;
+    // Its own vector: advancing another lookup below polls again.
+    std::vector<BlockStore::PrefixAnswer> got;
+    store->PollCountPrefix(&got);
     for (const auto& a : got) {
       const uint64_t owner = TakeAnswer(a);
       if (owner != 0 && owner != id) AdvanceLookup(owner);

@@ -87,6 +87,8 @@ TEST(KvTiers, ListedTiersAreNamedInStatsAndReportedByKind) {
   const std::string m = Metrics(port);
   EXPECT_EQ(MetricValue(m, "strata_prefix_cache_hits_total", R"(tier="disk",tier_name="ssd")"), whole_blocks) << m;
   EXPECT_EQ(MetricValue(m, "strata_kv_cache_capacity_bytes", R"(tier="host",tier_name="ram")"), 16 << 20);
+  // Every device block is back in the pool.
+  EXPECT_EQ(MetricValue(m, "strata_kv_device_blocks_in_use"), 0) << m;
   StopCleanly(server.get());
 }
 
