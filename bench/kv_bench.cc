@@ -257,6 +257,9 @@ Result<DiskSizeResult> MeasureDiskSize(const DiskBenchOptions& o, uint64_t bb) {
   d.block_bytes = bb;
   d.queue_depth = o.queue_depth;
   d.grow_bytes = std::min<uint64_t>(d.grow_bytes, bytes);
+  // The store reads and writes regions of registered memory; the table
+  // outlives the store, which unregisters its own segments when destroyed.
+  SegmentTable segments;
   STRATA_ASSIGN_OR_RETURN(auto store, kvcache::DiskStore::Open(d));
   if (store->slot_bytes() != bb) return Status::Internal("disk store slot size differs from the block size");
 
@@ -273,7 +276,10 @@ Result<DiskSizeResult> MeasureDiskSize(const DiskBenchOptions& o, uint64_t bb) {
     std::memcpy(hashes[i].digest.data() + 8, &bb, sizeof bb);
     hashes[i].digest[31] = 0x5b;
   }
-  auto block = [bb](const kvcache::AlignedBuffer& b, uint64_t i) { return b.span().subspan(i * bb, bb); };
+  STRATA_RETURN_IF_ERROR(store->Attach(&segments));
+  STRATA_ASSIGN_OR_RETURN(const SegmentId src_seg, segments.Register(SegmentKind::kHost, src.data(), bytes, "bench src"));
+  STRATA_ASSIGN_OR_RETURN(const SegmentId dst_seg, segments.Register(SegmentKind::kHost, dst.data(), bytes, "bench dst"));
+  auto block = [bb](SegmentId seg, uint64_t i) { return Region{seg, i * bb, bb}; };
   std::vector<kvcache::StoreCompletion> done;
   auto check_done = [&](const char* what) -> Status {
     if (done.size() != n)
@@ -289,7 +295,7 @@ Result<DiskSizeResult> MeasureDiskSize(const DiskBenchOptions& o, uint64_t bb) {
     store->Drain(&done);
     done.clear();
     const auto t0 = WallClock::now();
-    for (uint64_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(store->SubmitWrite(hashes[i], ns, block(src, i), i));
+    for (uint64_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(store->SubmitWrite(hashes[i], ns, block(src_seg, i), i));
     store->Drain(&done);
     const double s = SecondsSince(t0);
     STRATA_RETURN_IF_ERROR(check_done("write"));
@@ -304,7 +310,7 @@ Result<DiskSizeResult> MeasureDiskSize(const DiskBenchOptions& o, uint64_t bb) {
   auto store_read = [&]() -> Result<double> {
     done.clear();
     const auto t0 = WallClock::now();
-    for (uint64_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(store->SubmitRead(hashes[i], block(dst, i), i));
+    for (uint64_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(store->SubmitRead(hashes[i], block(dst_seg, i), i));
     store->Drain(&done);
     const double s = SecondsSince(t0);
     STRATA_RETURN_IF_ERROR(check_done("read"));

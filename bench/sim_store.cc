@@ -39,7 +39,7 @@ int64_t SimStore::Schedule(int64_t* channel_free, double bytes_per_s) {
   return done;
 }
 
-Status SimStore::SubmitWrite(const BlockHash& h, const Sha256Digest& /*ns*/, std::span<const uint8_t> /*data*/,
+Status SimStore::SubmitWrite(const BlockHash& h, const Sha256Digest& /*ns*/, const Region& /*src*/,
                              uint64_t tag) {
   const int64_t now = clock_->NowNanos();
   if (max_blocks_ == 0) {
@@ -56,7 +56,7 @@ Status SimStore::SubmitWrite(const BlockHash& h, const Sha256Digest& /*ns*/, std
   return Status::Ok();
 }
 
-Status SimStore::SubmitRead(const BlockHash& h, std::span<uint8_t> /*dst*/, uint64_t tag) {
+Status SimStore::SubmitRead(const BlockHash& h, const Region& /*dst*/, uint64_t tag) {
   if (index_.count(h) == 0) {
     pending_.push({clock_->NowNanos(), next_seq_++, tag, false, h, Status::NotFound("block not in tier '" + options_.name + "'")});
     return Status::Ok();

@@ -54,10 +54,9 @@ class SimStore final : public kvcache::BlockStore {
   bool Contains(const BlockHash& h) const override;
   size_t CountPrefix(std::span<const BlockHash> chain) const override;
 
-  // `data` and `dst` are ignored (no bytes exist); they may be empty.
-  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
-                     uint64_t tag) override;
-  Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override;
+  // `src` and `dst` are ignored (no bytes exist); they may be Region{}.
+  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) override;
+  Status SubmitRead(const BlockHash& h, const Region& dst, uint64_t tag) override;
   // Completes the operations whose finish time is <= the clock's now.
   size_t Poll(std::vector<kvcache::StoreCompletion>* out) override;
   // Completes everything pending regardless of time (shutdown).

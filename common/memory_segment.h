@@ -39,6 +39,9 @@ std::string_view SegmentKindName(SegmentKind k);
 // Host and pinned host memory can be read and written through `base`.
 constexpr bool HostAddressable(SegmentKind k) { return k == SegmentKind::kHost || k == SegmentKind::kPinnedHost; }
 
+// Registered ids start at 1: SegmentId() (0) names no segment.
+constexpr bool IsValid(SegmentId id) { return id.value() != 0; }
+
 struct Segment {
   SegmentId id;
   SegmentKind kind = SegmentKind::kHost;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -43,21 +44,27 @@ struct StoreStats {
 
 class BlockStore {
  public:
-  virtual ~BlockStore() = default;
+  // Unregisters the store's own segments (as Detach, without the hook).
+  virtual ~BlockStore();
   virtual std::string_view name() const = 0;  // "host", "disk", ...
   // What memory the store keeps blocks in (the API and metrics report
   // tiers by kind: kvcache/tier_kind.h).
   virtual TierKind kind() const = 0;
-  // The host memory the store keeps block bytes in, when a copy engine may
-  // read it directly (HostStore's slot arena; the bytes an eviction listener
-  // is given lie in it), with its kind; empty for stores whose bytes are
-  // reached only through their own I/O (disk) or that hold none. Valid for
-  // the store's lifetime.
-  struct Memory {
-    std::span<uint8_t> bytes;
-    SegmentKind kind = SegmentKind::kHost;
-  };
-  virtual Memory memory() { return {}; }
+  // Memory: a store reads and writes regions (segment, offset, length) of
+  // memory registered in a SegmentTable (common/memory_segment.h), never
+  // bare pointers, so that device memory, pinned buffers or a peer's
+  // registered memory can be named the same way. Attach binds the store to
+  // the table its callers' regions are in and registers the store's own
+  // memory there (the host tier's slot arena, the disk tier's bounce
+  // buffers and its slab files as a kFile segment); Detach (or destroying
+  // the store) unregisters them. REQUIRES: the table outlives the
+  // attachment; a store is attached to one table at a time
+  // (InvalidArgument otherwise).
+  Status Attach(SegmentTable* segments);
+  void Detach();
+  SegmentTable* segments() const { return segments_; }
+  // What this store registered at Attach, in order; empty when detached.
+  const std::vector<SegmentId>& own_segments() const { return own_segments_; }
   virtual StoreStats stats() const = 0;
 
   virtual bool Contains(const BlockHash& h) const = 0;
@@ -86,36 +93,64 @@ class BlockStore {
     return n;
   }
 
-  // Queues a copy of `data` (block_bytes long) under `h`. The store copies or
-  // finishes with `data` before the completion for `tag` is polled; the caller
-  // keeps it valid until then. Storing an existing hash completes OK at once.
-  // A store that is full evicts by its policy (LRU); one that cannot store
-  // completes with an error (the block simply is not there later).
-  virtual Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
-                             uint64_t tag) = 0;
-  // Queues a read of `h` into `dst` (block_bytes long, valid until the
-  // completion is polled). A missing, corrupt or foreign block completes with
-  // an error and leaves no partial data considered valid.
-  virtual Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) = 0;
+  // Queues a copy of region `src` (block_bytes long, in the attached table)
+  // under `h`. The store copies or finishes with `src` before the completion
+  // for `tag` is polled; the caller keeps it registered and unchanged until
+  // then. Storing an existing hash completes OK at once. A store that is
+  // full evicts by its policy (LRU); one that cannot store completes with an
+  // error (the block simply is not there later). A region the store cannot
+  // reach (unregistered, out of bounds, the wrong length, memory of a kind
+  // it cannot address such as device memory) is refused at once with an
+  // error naming it, nothing queued. Metadata-only stores take an empty
+  // Region{} (length 0) and move no bytes.
+  virtual Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) = 0;
+  // Queues a read of `h` into region `dst` (block_bytes long, registered and
+  // untouched by others until the completion is polled). A missing, corrupt
+  // or foreign block completes with an error and leaves no partial data
+  // considered valid. Refusals as SubmitWrite.
+  virtual Status SubmitRead(const BlockHash& h, const Region& dst, uint64_t tag) = 0;
   // Appends finished operations to `out`; returns how many. Never blocks.
   virtual size_t Poll(std::vector<StoreCompletion>* out) = 0;
   // Blocks until every submitted operation has completed (shutdown, tests).
   virtual void Drain(std::vector<StoreCompletion>* out) = 0;
 
   // Called by a store that evicts a block to make room (its LRU policy),
-  // with the block's bytes (empty in metadata-only stores), before they are
-  // overwritten; the listener must copy what it needs before returning and
-  // must not call back into this store. The KV manager uses it to pass host
-  // evictions on to a write-back disk tier. Stores without eviction ignore it.
-  using EvictionListener = std::function<void(const BlockHash& h, std::span<const uint8_t> data)>;
+  // with the region of its own registered memory the block's bytes are in
+  // (Region{} in metadata-only stores), before they are overwritten; the
+  // listener must copy what it needs before returning and must not call back
+  // into this store. The KV manager uses it to pass host evictions on to a
+  // write-back disk tier. Stores without eviction ignore it.
+  using EvictionListener = std::function<void(const BlockHash& h, const Region& data)>;
   virtual void SetEvictionListener(EvictionListener listener) { (void)listener; }
 
   virtual Status Remove(const BlockHash& h) = 0;
   // Removes every block of namespace `ns` (all when ns is null).
   virtual Status Flush(const Sha256Digest* ns) = 0;
 
+ protected:
+  BlockStore() = default;
+  BlockStore(const BlockStore&) = delete;
+  BlockStore& operator=(const BlockStore&) = delete;
+  // Registers the store's own memory through Own() (called by Attach; the
+  // default registers nothing).
+  virtual Status RegisterMemory() { return Status::Ok(); }
+  // Called by Detach before the store's own segments are unregistered (a
+  // store wrapping another detaches the inner one here). Not called by the
+  // base destructor's Detach, when the derived part is gone.
+  virtual void UnregisterMemory() {}
+  // Registers [base, base + size) of `kind` in the attached table as the
+  // store's; returns its id.
+  Result<SegmentId> Own(SegmentKind kind, uint8_t* base, uint64_t size, std::string name);
+  // The host bytes of `r` for a block operation of `length` bytes: empty for
+  // an empty region when `allow_empty` (metadata-only stores); else the
+  // region must be in the attached table, `length` long and
+  // host-addressable. Errors name the store and the region.
+  Result<std::span<uint8_t>> HostBytes(const Region& r, uint64_t length, bool allow_empty) const;
+
  private:
   std::vector<PrefixAnswer> answers_;  // the default SubmitCountPrefix's
+  SegmentTable* segments_ = nullptr;
+  std::vector<SegmentId> own_segments_;
 };
 
 }  // namespace strata::kvcache

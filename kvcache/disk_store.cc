@@ -79,9 +79,9 @@ class DiskStoreImpl final : public DiskStore {
   StoreStats stats() const override;
   bool Contains(const BlockHash& h) const override;
   size_t CountPrefix(std::span<const BlockHash> chain) const override;
-  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
+  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src,
                      uint64_t tag) override;
-  Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override;
+  Status SubmitRead(const BlockHash& h, const Region& dst, uint64_t tag) override;
   size_t Poll(std::vector<StoreCompletion>* out) override;
   void Drain(std::vector<StoreCompletion>* out) override;
   Status Remove(const BlockHash& h) override;
@@ -90,6 +90,9 @@ class DiskStoreImpl final : public DiskStore {
   const DiskStoreOptions& options() const override { return options_; }
 
  private:
+  // The slab files as one kFile segment (capacity bytes, reached only
+  // through this store's I/O) and the bounce buffers as host memory.
+  Status RegisterMemory() override;
   bool NamespaceAllowed(const Sha256Digest& ns) const;
   uint64_t SlabOf(uint32_t slot) const { return slot / slots_per_slab_; }
   uint64_t OffsetOf(uint32_t slot) const { return (slot % slots_per_slab_) * slot_bytes_; }
@@ -224,6 +227,14 @@ Status DiskStoreImpl::Init() {
   backed_.assign(num_slabs_, 0);
   for (uint64_t k = 0; k < num_slabs_; ++k) STRATA_RETURN_IF_ERROR(OpenSlab(k, false));
   return LoadIndex();
+}
+
+Status DiskStoreImpl::RegisterMemory() {
+  STRATA_RETURN_IF_ERROR(Own(SegmentKind::kFile, nullptr, stats_.capacity_bytes, "disk tier " + options_.directory)
+                             .status());
+  return Own(SegmentKind::kHost, bounce_.data(), bounce_.span().size(),
+             "disk tier bounce buffers " + options_.directory)
+      .status();
 }
 
 Status DiskStoreImpl::OpenSlab(uint64_t k, bool create) {
@@ -491,12 +502,8 @@ void DiskStoreImpl::Touch(Entry& e, const BlockHash& h) {
   dirty_.insert(h);
 }
 
-Status DiskStoreImpl::SubmitWrite(const BlockHash& h, const Sha256Digest& ns,
-                                  std::span<const uint8_t> data, uint64_t tag) {
-  if (data.size() != options_.block_bytes) {
-    return Status::InvalidArgument("disk store: write of " + std::to_string(data.size()) +
-                                   " bytes, block is " + std::to_string(options_.block_bytes));
-  }
+Status DiskStoreImpl::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) {
+  STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> data, HostBytes(src, options_.block_bytes, false));
   if (!NamespaceAllowed(ns)) {
     return Status::InvalidArgument("disk store: namespace not served by this store");
   }
@@ -519,11 +526,8 @@ Status DiskStoreImpl::SubmitWrite(const BlockHash& h, const Sha256Digest& ns,
   return Status::Ok();
 }
 
-Status DiskStoreImpl::SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) {
-  if (dst.size() != options_.block_bytes) {
-    return Status::InvalidArgument("disk store: read into " + std::to_string(dst.size()) +
-                                   " bytes, block is " + std::to_string(options_.block_bytes));
-  }
+Status DiskStoreImpl::SubmitRead(const BlockHash& h, const Region& dst_region, uint64_t tag) {
+  STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> dst, HostBytes(dst_region, options_.block_bytes, false));
   auto it = entries_.find(h);
   if (it == entries_.end()) {
     Finish(tag, Status::NotFound("disk store: block " + Short(h) + " not stored"));

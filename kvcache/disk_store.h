@@ -24,6 +24,12 @@
 // stored blocks continue. Capacity is counted in slots: capacity_bytes /
 // slot_bytes blocks, evicted LRU by last use (kept across restarts).
 //
+// Memory: reads and writes name regions of host-addressable memory in the
+// attached SegmentTable (device memory is refused: stage it through host
+// memory first). Attach registers the slab files as one kFile segment of
+// the store's capacity and the bounce buffers (queue_depth slots, used when
+// a caller's region is not 4096-aligned) as host memory.
+//
 // Thread-safety: as BlockStore, one thread drives a store. Two stores must not
 // share a directory (RocksDB's lock makes the second Open fail).
 

@@ -139,10 +139,11 @@ HostStore::HostStore(const HostStoreOptions& options, int32_t slots)
   index_.reserve(static_cast<size_t>(slots));
 }
 
-BlockStore::Memory HostStore::memory() {
-  if (metadata_only_ || !buffer_) return {};
-  return {{buffer_.get(), static_cast<size_t>(num_slots()) * block_bytes_},
-          pinned_ ? SegmentKind::kPinnedHost : SegmentKind::kHost};
+Status HostStore::RegisterMemory() {
+  if (metadata_only_ || !buffer_ || num_slots() == 0) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(segment_, Own(pinned_ ? SegmentKind::kPinnedHost : SegmentKind::kHost, buffer_.get(),
+                                        static_cast<uint64_t>(num_slots()) * block_bytes_, "host tier"));
+  return Status::Ok();
 }
 
 StoreStats HostStore::stats() const {
@@ -171,11 +172,8 @@ void HostStore::FreeSlot(int32_t slot) {
   free_slots_.push_back(slot);
 }
 
-Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns,
-                              std::span<const uint8_t> data, uint64_t tag) {
-  if (!metadata_only_ && data.size() != block_bytes_)
-    return Status::InvalidArgument("host store: write of " + std::to_string(data.size()) +
-                                   " bytes, blocks are " + std::to_string(block_bytes_));
+Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) {
+  STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> data, HostBytes(src, block_bytes_, metadata_only_));
   if (auto it = index_.find(h); it != index_.end()) {
     lru_.Touch(it->second);
     done_.push_back({tag, Status::Ok()});
@@ -189,8 +187,8 @@ Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns,
     }
     const int32_t victim = lru_.Front();
     if (eviction_listener_) {
-      const std::span<const uint8_t> bytes =
-          metadata_only_ ? std::span<const uint8_t>() : std::span<const uint8_t>(slot_data(victim), block_bytes_);
+      const Region bytes = metadata_only_ ? Region{}
+                                          : Region{segment_, static_cast<uint64_t>(victim) * block_bytes_, block_bytes_};
       eviction_listener_(slot_hash_[static_cast<size_t>(victim)], bytes);
     }
     FreeSlot(victim);
@@ -209,10 +207,8 @@ Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns,
   return Status::Ok();
 }
 
-Status HostStore::SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) {
-  if (!metadata_only_ && dst.size() != block_bytes_)
-    return Status::InvalidArgument("host store: read into " + std::to_string(dst.size()) +
-                                   " bytes, blocks are " + std::to_string(block_bytes_));
+Status HostStore::SubmitRead(const BlockHash& h, const Region& dst_region, uint64_t tag) {
+  STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> dst, HostBytes(dst_region, block_bytes_, metadata_only_));
   auto it = index_.find(h);
   if (it == index_.end()) {
     done_.push_back({tag, Status::NotFound("block not in host store")});

@@ -12,12 +12,14 @@
 //
 // Operations finish inside Submit*: the memcpy is done before SubmitWrite or
 // SubmitRead returns, and the completion is queued for the next Poll(). So
-// the caller may reuse `data` as soon as SubmitWrite returns (stronger than
-// BlockStore's contract). A full store evicts its least recently used block
+// the caller may reuse the source region as soon as SubmitWrite returns
+// (stronger than BlockStore's contract). Attach registers the slot buffer
+// as one segment ("host tier", kPinnedHost when pinned); evicted blocks are
+// reported as regions of it. A full store evicts its least recently used block
 // (written or read) to make room.
 //
 // Metadata-only mode (`metadata_only`): no buffer; writes record the hash,
-// reads complete OK without touching `dst` (which may be empty). Lets the
+// reads complete OK without touching `dst` (which may be Region{}). Lets the
 // simulator run the same policy over capacities larger than memory.
 //
 // Thread-safety: one thread (the mover) drives a store, as BlockStore says.
@@ -61,20 +63,16 @@ class HostStore final : public BlockStore {
 
   std::string_view name() const override { return "host"; }
   TierKind kind() const override { return TierKind::kHost; }
-  Memory memory() override;
   StoreStats stats() const override;
   int32_t num_slots() const { return static_cast<int32_t>(slot_hash_.size()); }
 
   bool Contains(const BlockHash& h) const override;
   size_t CountPrefix(std::span<const BlockHash> chain) const override;
 
-  // REQUIRES: data.size() == block_bytes (unless metadata_only). A write of a
-  // held hash touches it and completes OK.
-  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
-                     uint64_t tag) override;
-  // REQUIRES: dst.size() == block_bytes (unless metadata_only). A miss
-  // completes with NotFound.
-  Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override;
+  // A write of a held hash touches it and completes OK.
+  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) override;
+  // A miss completes with NotFound.
+  Status SubmitRead(const BlockHash& h, const Region& dst, uint64_t tag) override;
   void SetEvictionListener(EvictionListener listener) override { eviction_listener_ = std::move(listener); }
   size_t Poll(std::vector<StoreCompletion>* out) override;
   void Drain(std::vector<StoreCompletion>* out) override;
@@ -84,6 +82,7 @@ class HostStore final : public BlockStore {
 
  private:
   explicit HostStore(const HostStoreOptions& options, int32_t slots);
+  Status RegisterMemory() override;
   uint8_t* slot_data(int32_t slot) { return buffer_.get() + static_cast<size_t>(slot) * block_bytes_; }
   void FreeSlot(int32_t slot);
   // Pins buffer_ when options ask and a device is present; sets pinned_ and
@@ -96,6 +95,7 @@ class HostStore final : public BlockStore {
     void operator()(uint8_t* p) const;
   };
   std::unique_ptr<uint8_t, FreeDeleter> buffer_;  // page-aligned
+  SegmentId segment_;                              // buffer_'s, while attached
   bool pinned_ = false;
   int (*cuda_unregister_)(void*) = nullptr;  // cudaHostUnregister when pinned_
   std::string pin_status_ = "not pinned: no buffer";

@@ -19,17 +19,35 @@ Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& opt
   return Create(options, std::move(device_memory), std::move(lowers), clock);
 }
 
+namespace {
+
+Status CheckOptions(const KvManagerOptions& options, const Clock* clock) {
+  if (options.block_size <= 0) return Status::InvalidArgument("kv manager: block_size must be > 0");
+  if (options.num_device_blocks < 0) return Status::InvalidArgument("kv manager: num_device_blocks must be >= 0");
+  if (clock == nullptr) return Status::InvalidArgument("kv manager: clock is null");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options,
                                                      BlockMemoryFn device_memory,
                                                      std::vector<LowerTier> lowers, Clock* clock) {
-  if (options.block_size <= 0) return Status::InvalidArgument("kv manager: block_size must be > 0");
-  if (options.num_device_blocks < 0)
-    return Status::InvalidArgument("kv manager: num_device_blocks must be >= 0");
-  if (clock == nullptr) return Status::InvalidArgument("kv manager: clock is null");
+  STRATA_RETURN_IF_ERROR(CheckOptions(options, clock));
   std::unique_ptr<KvManager> m(new KvManager(options, clock));
   KvManager* self = m.get();
   STRATA_ASSIGN_OR_RETURN(m->mover_, TierMover::Create(options, std::move(device_memory), std::move(lowers), &m->pool_,
                                                        clock, [self](const LoadDone& d) { self->OnLoadDone(d); }));
+  return m;
+}
+
+Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options, DeviceKv device,
+                                                     std::vector<LowerTier> lowers, Clock* clock) {
+  STRATA_RETURN_IF_ERROR(CheckOptions(options, clock));
+  std::unique_ptr<KvManager> m(new KvManager(options, clock));
+  KvManager* self = m.get();
+  STRATA_ASSIGN_OR_RETURN(m->mover_, TierMover::Create(options, device, std::move(lowers), &m->pool_, clock,
+                                                       [self](const LoadDone& d) { self->OnLoadDone(d); }));
   return m;
 }
 

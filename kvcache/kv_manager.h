@@ -38,6 +38,8 @@
 //   Free(id)                      releases blocks, tail first (so a chain's
 //                                 tail is evicted before its head).
 //
+// Device memory: the backend's pool as a DeviceKv (a segment, its table
+// and copy engine), or a BlockMemoryFn over a plain buffer (tests, tools).
 // Metadata-only mode: with no device memory function, no bytes move (the
 // lower tier should then be metadata-only too); the same policy runs, for the
 // cluster simulator. Time comes from the injected Clock.
@@ -70,6 +72,11 @@ class KvManager {
   // outlive the manager. REQUIRES: block_size > 0, num_device_blocks >= 0;
   // block_bytes > 0 when `device_memory` is set. options.write_policy and
   // options.lower_read_bytes_per_s are ignored here (per tier in LowerTier).
+  // The device pool as the backend allocated it (kv_types.h: DeviceKv); the
+  // stores are attached to its segment table.
+  static Result<std::unique_ptr<KvManager>> Create(const KvManagerOptions& options, DeviceKv device,
+                                                   std::vector<LowerTier> lowers, Clock* clock);
+  // The BlockMemoryFn convenience (kv_types.h).
   static Result<std::unique_ptr<KvManager>> Create(const KvManagerOptions& options,
                                                    BlockMemoryFn device_memory,
                                                    std::vector<LowerTier> lowers, Clock* clock);
@@ -148,9 +155,11 @@ class KvManager {
   // from the engine thread).
   const BlockStore& lower_store(size_t i) const { return *mover_->tier(i).store; }
   // The memory the manager moves bytes between, registered as segments: the
-  // device pool (device_segment()), each lower store's memory(), and its
-  // write-back staging buffers.
+  // device pool (device_segment()), each lower store's own memory
+  // (BlockStore::Attach), and the mover's staging buffers.
   const SegmentTable& segments() const { return mover_->segments(); }
+  // Others (a transfer engine, a test's buffers) may register memory there.
+  SegmentTable& segments() { return mover_->segments(); }
   SegmentId device_segment() const { return mover_->device_segment(); }
 
   // `tokens`: every token whose KV is now in the request's blocks (prompt

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/copy_engine.h"
 #include "common/memory_segment.h"
 #include "common/sha256.h"
 #include "common/strong_id.h"
@@ -40,18 +41,36 @@ struct KvManagerOptions {
   // Estimates for kAuto (measured at start by the engine); 0 = unknown.
   double lower_read_bytes_per_s = 0;
   double recompute_tokens_per_s = 0;
-  // Staging memory for write-back tiers (see the top): at most
-  // max(1, this / block_bytes) block buffers, allocated on demand.
+  // Staging memory (kvcache/tier_mover.h) for write-back tiers, and for
+  // every load and write when the device memory is not host-addressable:
+  // at most max(1, this / block_bytes) block buffers, allocated on demand.
   uint64_t writeback_staging_bytes = 64ull << 20;
-  // What memory the device blocks are (the CPU backend's pool is host memory).
+  // What memory the device blocks are when given as a BlockMemoryFn (the
+  // CPU backend's pool is host memory); a DeviceKv's segment says its own.
   SegmentKind device_memory_kind = SegmentKind::kHost;
 };
 
-// Device block memory: the start of block `id` (block_bytes long), e.g.
-// ForwardEngine::block_data. The blocks must form one contiguous range
-// (block i at block 0 + i * block_bytes): the manager registers it as a
-// memory segment (common/copy_engine.h moves bytes by segment and offset).
-// Empty function = metadata-only mode.
+// The device KV pool as the KV manager sees it; the backend allocates it
+// (model/backend/backend.h) and hands the same pool to the forward pass.
+// Segment `segment` of `segments` holds num_device_blocks blocks of
+// block_bytes each from offset 0, and `copy` moves bytes between it and host
+// memory registered in `segments`. Nothing is owned; all outlive the
+// manager. A segment that is not host-addressable (a GPU's memory) is never
+// handed to a store: loads and writes stage through host buffers the mover
+// registers in `segments`, copied by `copy`. An invalid segment (with the
+// table and engine still given) is metadata-only mode.
+struct DeviceKv {
+  SegmentTable* segments = nullptr;
+  SegmentId segment;
+  CopyEngine* copy = nullptr;
+};
+
+// Device block memory given as a function, a convenience for tests and
+// tools that own a plain host buffer: the start of block `id` (block_bytes
+// long). The blocks must form one contiguous range (block i at block 0 +
+// i * block_bytes); the manager registers it, with
+// KvManagerOptions::device_memory_kind, in a segment table of its own and
+// copies with a CpuCopyEngine of its own. Empty function = metadata-only.
 using BlockMemoryFn = std::function<uint8_t*(BlockId)>;
 
 // How much of a prompt is cached: `device_tokens` leading tokens in device

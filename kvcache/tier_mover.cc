@@ -26,28 +26,77 @@ void TierMover::AlignedFree::operator()(uint8_t* p) const { ::operator delete[](
 Result<std::unique_ptr<TierMover>> TierMover::Create(const KvManagerOptions& options, BlockMemoryFn device_memory,
                                                      std::vector<LowerTier> lowers, BlockPool* pool, Clock* clock,
                                                      LoadDoneFn on_load_done) {
-  for (auto& t : lowers) {
-    if (t.store == nullptr) return Status::InvalidArgument("kv manager: a lower tier's store is null");
-    if (t.name.empty()) t.name = std::string(t.store->name());
-  }
   if (device_memory && options.block_bytes == 0)
     return Status::InvalidArgument("kv manager: block_bytes must be > 0 with device memory");
+  auto table = std::make_unique<SegmentTable>();
+  auto copy = std::make_unique<CpuCopyEngine>(table.get());
+  DeviceKv device{table.get(), SegmentId(), copy.get()};
+  const uint64_t bb = options.block_bytes;
+  const auto n = static_cast<uint32_t>(std::max(options.num_device_blocks, 0));
+  if (device_memory && n > 0) {
+    uint8_t* base = device_memory(BlockId(0));
+    if (device_memory(BlockId(n - 1)) != base + static_cast<size_t>(n - 1) * bb)
+      return Status::InvalidArgument("kv manager: device blocks must form one contiguous range");
+    STRATA_ASSIGN_OR_RETURN(device.segment,
+                            table->Register(options.device_memory_kind, base, n * bb, "device KV pool"));
+  }
+  // The stores are attached to the table in Init, after which the mover
+  // owns it: the table must outlive them while attached.
   std::unique_ptr<TierMover> m(
-      new TierMover(options, std::move(device_memory), std::move(lowers), pool, clock, std::move(on_load_done)));
-  STRATA_RETURN_IF_ERROR(m->RegisterSegments());
+      new TierMover(options, device, std::move(lowers), pool, clock, std::move(on_load_done)));
+  m->own_segments_ = std::move(table);
+  m->own_copy_ = std::move(copy);
+  STRATA_RETURN_IF_ERROR(m->Init());
   return m;
 }
 
-TierMover::TierMover(const KvManagerOptions& options, BlockMemoryFn device_memory, std::vector<LowerTier> lowers,
+Result<std::unique_ptr<TierMover>> TierMover::Create(const KvManagerOptions& options, DeviceKv device,
+                                                     std::vector<LowerTier> lowers, BlockPool* pool, Clock* clock,
+                                                     LoadDoneFn on_load_done) {
+  if (device.segments == nullptr || device.copy == nullptr)
+    return Status::InvalidArgument("kv manager: the device KV needs a segment table and a copy engine");
+  std::unique_ptr<TierMover> m(
+      new TierMover(options, device, std::move(lowers), pool, clock, std::move(on_load_done)));
+  STRATA_RETURN_IF_ERROR(m->Init());
+  return m;
+}
+
+TierMover::TierMover(const KvManagerOptions& options, DeviceKv device, std::vector<LowerTier> lowers,
                      BlockPool* pool, Clock* clock, LoadDoneFn on_load_done)
     : options_(options),
-      memory_(std::move(device_memory)),
-      copy_(std::make_unique<CpuCopyEngine>(&segments_)),
+      segments_(device.segments),
+      copy_(device.copy),
+      device_segment_(device.segment),
       lowers_(std::move(lowers)),
       pool_(pool),
       clock_(clock),
       on_load_done_(std::move(on_load_done)),
-      writes_in_flight_(lowers_.size()) {
+      writes_in_flight_(lowers_.size()) {}
+
+Status TierMover::Init() {
+  for (auto& t : lowers_) {
+    if (t.store == nullptr) return Status::InvalidArgument("kv manager: a lower tier's store is null");
+    if (t.name.empty()) t.name = std::string(t.store->name());
+  }
+  if (IsValid(device_segment_)) {
+    const auto seg = segments_->Get(device_segment_);
+    if (!seg) return Status::InvalidArgument("kv manager: the device KV segment is not registered");
+    if (options_.block_bytes == 0)
+      return Status::InvalidArgument("kv manager: block_bytes must be > 0 with device memory");
+    const uint64_t need = static_cast<uint64_t>(std::max(options_.num_device_blocks, 0)) * options_.block_bytes;
+    if (seg->size < need)
+      return Status::InvalidArgument("kv manager: the device KV segment holds " + std::to_string(seg->size) +
+                                     " bytes, " + std::to_string(options_.num_device_blocks) + " blocks need " +
+                                     std::to_string(need));
+    device_host_ = HostAddressable(seg->kind);
+  }
+  for (const auto& t : lowers_) {
+    if (t.store->segments() == segments_) continue;  // attached by its owner to this table
+    if (t.store->segments() != nullptr)
+      return Status::InvalidArgument("kv manager: tier " + t.name + " is attached to another segment table");
+    STRATA_RETURN_IF_ERROR(t.store->Attach(segments_).WithContext("kv manager: tier " + t.name));
+    attached_.push_back(t.store);
+  }
   for (const auto& t : lowers_) {
     LowerTierStats ts;
     ts.name = t.name;
@@ -55,9 +104,11 @@ TierMover::TierMover(const KvManagerOptions& options, BlockMemoryFn device_memor
     stats_.tiers.push_back(std::move(ts));
     if (t.write_policy == WritePolicy::kWriteBack) any_writeback_ = true;
   }
-  if (any_writeback_) {
+  if (any_writeback_ || !device_host_) {
     const uint64_t bb = std::max<uint64_t>(options_.block_bytes, 1);
     max_staging_ = std::max<uint64_t>(1, options_.writeback_staging_bytes / bb);
+  }
+  if (any_writeback_) {
     pool_->set_evict_hook([this](BlockId b, const BlockHash& h) { evicted_.emplace_back(b, h); });
     // A tier above a write-back tier passes its own evictions down.
     for (size_t i = 0; i + 1 < lowers_.size(); ++i) {
@@ -65,44 +116,47 @@ TierMover::TierMover(const KvManagerOptions& options, BlockMemoryFn device_memor
       for (size_t j = i + 1; j < lowers_.size(); ++j) below = below || lowers_[j].write_policy == WritePolicy::kWriteBack;
       if (below)
         lowers_[i].store->SetEvictionListener(
-            [this, i](const BlockHash& h, std::span<const uint8_t> data) { OnLowerEvicted(i, h, data); });
+            [this, i](const BlockHash& h, const Region& data) { OnLowerEvicted(i, h, data); });
     }
-  }
-}
-
-TierMover::~TierMover() {
-  for (const auto& t : lowers_) t.store->SetEvictionListener(nullptr);
-  if (any_writeback_) pool_->set_evict_hook(nullptr);
-  for (const auto& t : lowers_) {
-    if (ops_.empty()) return;
-    std::vector<StoreCompletion> done;
-    t.store->Drain(&done);
-    for (const auto& c : done) Complete(c);  // op tags are unique across tiers
-  }
-}
-
-Status TierMover::RegisterSegments() {
-  const uint64_t bb = options_.block_bytes;
-  const auto n = static_cast<uint32_t>(options_.num_device_blocks);
-  if (memory_ && n > 0) {
-    uint8_t* base = memory_(BlockId(0));
-    if (memory_(BlockId(n - 1)) != base + static_cast<size_t>(n - 1) * bb)
-      return Status::InvalidArgument("kv manager: device blocks must form one contiguous range");
-    STRATA_ASSIGN_OR_RETURN(device_segment_,
-                            segments_.Register(options_.device_memory_kind, base, n * bb, "device KV pool"));
-  }
-  for (const auto& t : lowers_) {
-    const BlockStore::Memory mem = t.store->memory();
-    if (!mem.bytes.empty())
-      STRATA_RETURN_IF_ERROR(
-          segments_.Register(mem.kind, mem.bytes.data(), mem.bytes.size(), "tier " + t.name).status());
   }
   return Status::Ok();
 }
 
-std::span<uint8_t> TierMover::BlockSpan(BlockId id) const {
-  if (!memory_) return {};
-  return {memory_(id), static_cast<size_t>(options_.block_bytes)};
+TierMover::~TierMover() {
+  draining_ = true;
+  if (any_writeback_) {  // Init set these, so no store is null
+    for (const auto& t : lowers_) t.store->SetEvictionListener(nullptr);
+    pool_->set_evict_hook(nullptr);
+  }
+  for (const auto& t : lowers_) {
+    if (ops_.empty()) break;  // (so no store is null below: ops imply Init succeeded)
+    std::vector<StoreCompletion> done;
+    t.store->Drain(&done);
+    for (const auto& c : done) Complete(c);  // op tags are unique across tiers
+  }
+  if (copy_ != nullptr) {
+    copy_->Wait(copy_->Fence());
+    CollectCopies();
+    for (const auto& c : copy_ready_) {
+      auto it = ops_.find(c.tag);
+      if (it == ops_.end()) continue;
+      const Op op = it->second;
+      ops_.erase(it);
+      FinishLoad(op, c.status);
+    }
+    copy_ready_.clear();
+  }
+  for (SegmentId id : staging_segments_) (void)segments_->Unregister(id);
+  for (BlockStore* store : attached_) store->Detach();
+}
+
+Region TierMover::BlockRegion(BlockId id) const {
+  if (!IsValid(device_segment_)) return {};
+  return {device_segment_, static_cast<uint64_t>(id.value()) * options_.block_bytes, options_.block_bytes};
+}
+
+Region TierMover::StagingRegion(int32_t staging) const {
+  return {staging_segments_[static_cast<size_t>(staging)], 0, options_.block_bytes};
 }
 
 bool TierMover::WorthLoading(const LowerTier& t, size_t blocks) const {
@@ -238,24 +292,39 @@ void TierMover::CancelLookup(uint64_t id) {
 
 Status TierMover::SubmitLoad(int tier, BlockId block, const BlockHash& hash, RequestId request, uint64_t epoch,
                              int32_t block_index) {
+  const size_t t = static_cast<size_t>(tier);
+  auto fail = [&](const Status& s) {
+    ++stats_.loads_failed;
+    ++stats_.tiers[t].loads_failed;
+    STRATA_LOG_WARN("kv manager: load from {} not submitted: {}", lowers_[t].name, s.ToString());
+    return s;
+  };
+  // Device memory a store cannot address: the store reads into a staging
+  // buffer, copied into the block when the read completes (see the top).
+  // Never polls here: the owner is in the middle of setting up the request.
+  int32_t staging = -1;
+  if (!device_host_) {
+    staging = AcquireStaging(/*may_poll=*/false);
+    if (staging < 0) return fail(Status::ResourceExhausted("no staging buffer free for a load into device memory"));
+    ++staging_refs_[static_cast<size_t>(staging)];
+  }
   const uint64_t tag = next_tag_++;
   // The op holds its own reference: the block is not reused while the store
-  // may still write into it, even if the request is freed meanwhile.
+  // (or the copy engine) may still write into it, even if the request is
+  // freed meanwhile.
   pool_->Ref(block);
   Op op{OpKind::kLoad, tier, block, hash, clock_->NowNanos()};
   op.request = request;
   op.epoch = epoch;
   op.block_index = block_index;
+  op.staging = staging;
   ops_.emplace(tag, op);
-  BlockStore* store = lowers_[static_cast<size_t>(tier)].store;
-  Status s = store->SubmitRead(hash, BlockSpan(block), tag);
+  Status s = lowers_[t].store->SubmitRead(hash, staging >= 0 ? StagingRegion(staging) : BlockRegion(block), tag);
   if (!s.ok()) {
     ops_.erase(tag);
     pool_->Release(block);
-    ++stats_.loads_failed;
-    ++stats_.tiers[static_cast<size_t>(tier)].loads_failed;
-    STRATA_LOG_WARN("kv manager: load from {} not submitted: {}", lowers_[static_cast<size_t>(tier)].name,
-                    s.ToString());
+    ReleaseStaging(staging);
+    return fail(s);
   }
   return s;
 }
@@ -300,16 +369,32 @@ void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h) {
   const size_t t = static_cast<size_t>(tier);
   BlockStore* store = lowers_[t].store;
   if (writes_in_flight_[t].contains(h) || store->Contains(h)) return;
+  // Device memory a store cannot address: copy the block out first (the
+  // store then reads the staging buffer, and the block need not be held).
+  int32_t staging = -1;
+  if (!device_host_) {
+    staging = StageCopy(BlockRegion(block), /*may_poll=*/false);
+    if (staging < 0) {
+      ++stats_.writes_failed;
+      ++stats_.tiers[t].writes_failed;
+      return;
+    }
+    ++staging_refs_[static_cast<size_t>(staging)];
+  }
   const uint64_t tag = next_tag_++;
-  pool_->Ref(block);  // not overwritten while the store reads it
-  ops_.emplace(tag, Op{OpKind::kWrite, tier, block, h, clock_->NowNanos()});
+  Op op{OpKind::kWrite, tier, block, h, clock_->NowNanos()};
+  op.holds_block = staging < 0;
+  op.staging = staging;
+  if (op.holds_block) pool_->Ref(block);  // not overwritten while the store reads it
+  ops_.emplace(tag, op);
   writes_in_flight_[t].insert(h);
   ++stats_.tiers[t].writes;
-  Status s = store->SubmitWrite(h, options_.ns, BlockSpan(block), tag);
+  Status s = store->SubmitWrite(h, options_.ns, staging >= 0 ? StagingRegion(staging) : BlockRegion(block), tag);
   if (!s.ok()) {
     ops_.erase(tag);
     writes_in_flight_[t].erase(h);
-    pool_->Release(block);
+    if (op.holds_block) pool_->Release(block);
+    ReleaseStaging(staging);
     ++stats_.writes_failed;
     ++stats_.tiers[t].writes_failed;
     STRATA_LOG_WARN("kv manager: write to {} not submitted: {}", lowers_[t].name, s.ToString());
@@ -320,7 +405,7 @@ int32_t TierMover::AcquireStaging(bool may_poll) {
   if (free_staging_.empty() && staging_.size() < max_staging_) {
     auto* p = static_cast<uint8_t*>(
         ::operator new[](static_cast<size_t>(options_.block_bytes), std::align_val_t(kStagingAlign)));
-    auto seg = segments_.Register(SegmentKind::kHost, p, options_.block_bytes,
+    auto seg = segments_->Register(SegmentKind::kHost, p, options_.block_bytes,
                                   "staging " + std::to_string(staging_.size()));
     if (!seg) {  // cannot happen for fresh memory; without a segment the buffer is useless
       ::operator delete[](p, std::align_val_t(kStagingAlign));
@@ -358,27 +443,41 @@ bool TierMover::AdmitsWriteBack(size_t t, const BlockHash& h) {
   return true;
 }
 
-bool TierMover::StageOnce(size_t t, int32_t* staging, const Region& src, bool may_poll) {
-  if (*staging >= 0) return true;
-  *staging = AcquireStaging(may_poll);
-  if (*staging < 0) {
-    ++stats_.tiers[t].writebacks_dropped;
-    return false;
-  }
-  const Region dst{staging_segments_[static_cast<size_t>(*staging)], 0, src.length};
-  if (Status s = copy_->Submit(dst, src, 0); !s.ok()) {
-    STRATA_LOG_WARN("kv manager: write-back staging copy refused: {}", s.ToString());
-    free_staging_.push_back(*staging);
-    *staging = -1;
-    ++stats_.tiers[t].writebacks_dropped;
-    return false;
+int32_t TierMover::StageCopy(const Region& src, bool may_poll) {
+  const int32_t staging = AcquireStaging(may_poll);
+  if (staging < 0) return -1;
+  if (Status s = copy_->Submit(StagingRegion(staging), src, 0); !s.ok()) {
+    STRATA_LOG_WARN("kv manager: staging copy refused: {}", s.ToString());
+    free_staging_.push_back(staging);
+    return -1;
   }
   // The caller reuses the source right after (Allocate hands the evicted
   // block out again; the evicting store overwrites its slot): the copy must
   // have landed.
   copy_->Wait(copy_->Fence());
+  CollectCopies();
+  return staging;
+}
+
+void TierMover::CollectCopies() {
   copy_done_.clear();
   copy_->Poll(&copy_done_);
+  for (auto& c : copy_done_) {
+    if (c.tag != 0) {
+      copy_ready_.push_back(std::move(c));  // a staged load's, for Poll
+    } else if (!c.status.ok()) {
+      STRATA_LOG_WARN("kv manager: staging copy failed: {}", c.status.ToString());
+    }
+  }
+}
+
+bool TierMover::StageOnce(size_t t, int32_t* staging, const Region& src, bool may_poll) {
+  if (*staging >= 0) return true;
+  *staging = StageCopy(src, may_poll);
+  if (*staging < 0) {
+    ++stats_.tiers[t].writebacks_dropped;
+    return false;
+  }
   return true;
 }
 
@@ -392,17 +491,14 @@ void TierMover::WriteBackEvicted() {
   // promotions allocate nothing, but keep this loop independent of evicted_.
   std::vector<std::pair<BlockId, BlockHash>> evicted;
   evicted.swap(evicted_);
-  const size_t block_bytes = static_cast<size_t>(options_.block_bytes);
   for (const auto& [block, h] : evicted) {
     int32_t staging = -1;
     for (size_t t = 0; t < lowers_.size(); ++t) {
       if (!AdmitsWriteBack(t, h)) continue;
-      std::span<const uint8_t> data;
-      if (memory_) {
-        const Region src{device_segment_, static_cast<uint64_t>(block.value()) * options_.block_bytes,
-                         options_.block_bytes};
-        if (!StageOnce(t, &staging, src, /*may_poll=*/true)) continue;
-        data = {staging_[static_cast<size_t>(staging)].get(), block_bytes};
+      Region data;
+      if (IsValid(device_segment_)) {
+        if (!StageOnce(t, &staging, BlockRegion(block), /*may_poll=*/true)) continue;
+        data = StagingRegion(staging);
       }
       SubmitWriteBack(t, block, h, data, staging);
     }
@@ -410,7 +506,7 @@ void TierMover::WriteBackEvicted() {
   }
 }
 
-void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std::span<const uint8_t> data,
+void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data,
                                 int32_t staging) {
   const uint64_t tag = next_tag_++;
   Op op{OpKind::kWrite, static_cast<int>(t), block, h, clock_->NowNanos()};
@@ -432,24 +528,17 @@ void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std
   }
 }
 
-void TierMover::OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data) {
-  const size_t block_bytes = static_cast<size_t>(options_.block_bytes);
+void TierMover::OnLowerEvicted(size_t from, const BlockHash& h, const Region& data) {
   int32_t staging = -1;
-  // The evicted bytes lie in the store's registered memory (BlockStore::memory()).
-  Result<Region> where = data.empty() ? Result<Region>(Region{}) : segments_.Locate(data.data(), data.size());
+  // `data` is a region of the evicting store's own memory (Region{} when it
+  // holds no bytes).
   for (size_t t = from + 1; t < lowers_.size(); ++t) {
     if (!AdmitsWriteBack(t, h)) continue;
-    std::span<const uint8_t> src;
-    if (!data.empty()) {
-      if (!where) {
-        STRATA_LOG_WARN("kv manager: write-back of a block {} evicted dropped: {}", lowers_[from].name,
-                        where.error().ToString());
-        ++stats_.tiers[t].writebacks_dropped;
-        continue;
-      }
+    Region src;
+    if (data.length != 0) {
       // Called from inside the evicting store: no polling here.
-      if (!StageOnce(t, &staging, *where, /*may_poll=*/false)) continue;
-      src = {staging_[static_cast<size_t>(staging)].get(), block_bytes};
+      if (!StageOnce(t, &staging, data, /*may_poll=*/false)) continue;
+      src = StagingRegion(staging);
     }
     SubmitWriteBack(t, BlockId(), h, src, staging);
   }
@@ -459,40 +548,61 @@ void TierMover::OnLowerEvicted(size_t from, const BlockHash& h, std::span<const 
 void TierMover::Complete(const StoreCompletion& c) {
   auto it = ops_.find(c.tag);
   if (it == ops_.end()) return;  // not ours
+  if (it->second.kind == OpKind::kLoad && it->second.staging >= 0 && c.status.ok() && !draining_) {
+    // A staged load's read landed in host memory: now into the device block.
+    Status s = copy_->Submit(BlockRegion(it->second.block), StagingRegion(it->second.staging), c.tag);
+    if (s.ok()) {
+      it->second.copying = true;
+      return;
+    }
+    const Op op = it->second;
+    ops_.erase(it);
+    FinishLoad(op, s.WithContext("staging to device copy"));
+    return;
+  }
   const Op op = it->second;
   ops_.erase(it);
+  if (op.kind == OpKind::kLoad) {
+    FinishLoad(op, draining_ && op.staging >= 0 && c.status.ok() ? Status::Cancelled("shutting down") : c.status);
+    return;
+  }
   const uint64_t bytes = options_.block_bytes;
   const size_t t = static_cast<size_t>(op.tier);
   LowerTierStats& ts = stats_.tiers[t];
   const int64_t nanos = clock_->NowNanos() - op.start_nanos;
-  if (op.kind == OpKind::kWrite) {
-    ++ts.write_latency[LatencyBucket(nanos)];
-    ts.write_nanos += nanos;
-    writes_in_flight_[t].erase(op.hash);
-    if (c.status.ok()) {
-      stats_.bytes_down += bytes;
-      ts.bytes_down += bytes;
-    } else {
-      ++stats_.writes_failed;
-      ++ts.writes_failed;
-      STRATA_LOG_DEBUG("kv manager: write to {} failed: {}", lowers_[t].name, c.status.ToString());
-    }
-    if (op.holds_block) pool_->Release(op.block);
-    ReleaseStaging(op.staging);
-    return;
+  ++ts.write_latency[LatencyBucket(nanos)];
+  ts.write_nanos += nanos;
+  writes_in_flight_[t].erase(op.hash);
+  if (c.status.ok()) {
+    stats_.bytes_down += bytes;
+    ts.bytes_down += bytes;
+  } else {
+    ++stats_.writes_failed;
+    ++ts.writes_failed;
+    STRATA_LOG_DEBUG("kv manager: write to {} failed: {}", lowers_[t].name, c.status.ToString());
   }
+  if (op.holds_block) pool_->Release(op.block);
+  ReleaseStaging(op.staging);
+}
+
+void TierMover::FinishLoad(const Op& op, const Status& status) {
+  const uint64_t bytes = options_.block_bytes;
+  const size_t t = static_cast<size_t>(op.tier);
+  LowerTierStats& ts = stats_.tiers[t];
+  const int64_t nanos = clock_->NowNanos() - op.start_nanos;
   ++ts.load_latency[LatencyBucket(nanos)];
   stats_.load_nanos += nanos;
   ts.load_nanos += nanos;
-  if (c.status.ok()) {
+  if (status.ok()) {
     stats_.bytes_up += bytes;
     ts.bytes_up += bytes;
   } else {
     ++stats_.loads_failed;
     ++ts.loads_failed;
-    STRATA_LOG_WARN("kv manager: load from {} failed, recomputing: {}", lowers_[t].name, c.status.ToString());
+    STRATA_LOG_WARN("kv manager: load from {} failed, recomputing: {}", lowers_[t].name, status.ToString());
   }
-  if (on_load_done_) on_load_done_(LoadDone{op.request, op.epoch, op.block_index, op.tier, c.status.ok()});
+  ReleaseStaging(op.staging);
+  if (on_load_done_) on_load_done_(LoadDone{op.request, op.epoch, op.block_index, op.tier, status.ok()});
   pool_->Release(op.block);
 }
 
@@ -502,6 +612,19 @@ size_t TierMover::Poll() {
     completions_.clear();
     n += t.store->Poll(&completions_);
     for (const auto& c : completions_) Complete(c);
+  }
+  if (!device_host_) {
+    CollectCopies();
+    std::vector<CopyCompletion> ready;
+    ready.swap(copy_ready_);
+    for (const auto& c : ready) {
+      auto it = ops_.find(c.tag);
+      if (it == ops_.end() || !it->second.copying) continue;
+      const Op op = it->second;
+      ops_.erase(it);
+      FinishLoad(op, c.status.ok() ? c.status : c.status.WithContext("staging to device copy"));
+      ++n;
+    }
   }
   return n;
 }

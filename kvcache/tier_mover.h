@@ -27,11 +27,23 @@
 //              write completes. When none is free the mover polls the stores
 //              once (never blocks); if still none, the write-back is dropped
 //              and counted (writebacks_dropped), as after a failed write.
-//   segments   the device pool, each store's memory() and the staging
-//              buffers are registered in segments(); copies name regions.
+//   device     when the device segment is not host-addressable (a GPU), no
+//   memory     store ever sees it: a load reads into a staging buffer, then
+//              the copy engine moves it into the device block, and the load
+//              completes (LoadDoneFn) only when that copy has; a
+//              write-through first copies the block into a staging buffer
+//              (waiting on the copy's fence). Without a free buffer the load
+//              or write fails and is counted (the block is recomputed or
+//              simply not stored), never blocking.
+//   segments   regions name memory in one SegmentTable: the device pool's
+//              segment, each store's own memory (the mover attaches every
+//              store to the table: BlockStore::Attach) and the staging
+//              buffers.
 //
-// Ownership: the stores, the pool and the clock are not owned and outlive
-// the mover. A block under a load or a write-through holds a pool reference
+// Ownership: the stores, the pool, the clock and a DeviceKv's table and
+// copy engine are not owned and outlive the mover; the mover registers its
+// staging buffers in that table and attaches the stores to it, and undoes
+// both when destroyed. A block under a load or a write-through holds a pool reference
 // until its completion is handled, so it is not reused while a store may
 // still touch it.
 //
@@ -70,16 +82,25 @@ using LoadDoneFn = std::function<void(const LoadDone&)>;
 
 class TierMover {
  public:
-  // REQUIRES: no null store; block_bytes > 0 with `device_memory`, whose
-  // blocks form one contiguous range (else InvalidArgument). `pool` and
-  // `clock` outlive the mover; `clock` is the one lookup deadlines are given
-  // in. `on_load_done` is called on the owner's thread from Poll() (which
-  // WriteBackEvicted may call when staging runs short) and from the
-  // destructor's drain, before the load's block reference is released.
+  // REQUIRES: no null store, none attached to another segment table;
+  // device.segments and device.copy set; a valid device.segment holds
+  // num_device_blocks blocks of block_bytes > 0 (else InvalidArgument).
+  // `pool` and `clock` outlive the mover; `clock` is the one lookup
+  // deadlines are given in. `on_load_done` is called on the owner's thread
+  // from Poll() (which WriteBackEvicted may call when staging runs short)
+  // and from the destructor's drain, before the load's block reference is
+  // released.
+  static Result<std::unique_ptr<TierMover>> Create(const KvManagerOptions& options, DeviceKv device,
+                                                   std::vector<LowerTier> lowers, BlockPool* pool, Clock* clock,
+                                                   LoadDoneFn on_load_done);
+  // The BlockMemoryFn convenience (kv_types.h): the mover owns the segment
+  // table and a CpuCopyEngine. REQUIRES: block_bytes > 0 with
+  // `device_memory`, whose blocks form one contiguous range.
   static Result<std::unique_ptr<TierMover>> Create(const KvManagerOptions& options, BlockMemoryFn device_memory,
                                                    std::vector<LowerTier> lowers, BlockPool* pool, Clock* clock,
                                                    LoadDoneFn on_load_done);
-  // Drains every store (completions are handled, load completions reported).
+  // Drains every store and copy (completions are handled, load completions
+  // reported), then unregisters the staging buffers and detaches the stores.
   ~TierMover();
   TierMover(const TierMover&) = delete;
   TierMover& operator=(const TierMover&) = delete;
@@ -135,8 +156,11 @@ class TierMover {
   // and `tiers` (corrupt block counts from the stores).
   void FillStats(KvManagerStats* s) const;
 
-  const SegmentTable& segments() const { return segments_; }
+  const SegmentTable& segments() const { return *segments_; }
+  SegmentTable& segments() { return *segments_; }
   SegmentId device_segment() const { return device_segment_; }
+  // Whether loads and writes stage through host buffers (see the top).
+  bool stages_device() const { return !device_host_; }
 
  private:
   enum class OpKind { kLoad, kWrite };
@@ -147,7 +171,8 @@ class TierMover {
     BlockHash hash;
     int64_t start_nanos = 0;
     bool holds_block = true;  // holds a pool reference on `block` (not write-backs)
-    int32_t staging = -1;     // staging buffer a write-back reads (-1: none)
+    int32_t staging = -1;     // staging buffer the store reads or writes (-1: none)
+    bool copying = false;     // a staged load: the staging -> device copy is in flight
     RequestId request = {};   // loads
     uint64_t epoch = 0;       // loads
     int32_t block_index = 0;  // loads
@@ -176,19 +201,28 @@ class TierMover {
   // Polls every tier's count answers and advances their lookups.
   size_t PollLookups();
 
-  TierMover(const KvManagerOptions& options, BlockMemoryFn device_memory, std::vector<LowerTier> lowers,
-            BlockPool* pool, Clock* clock, LoadDoneFn on_load_done);
-  Status RegisterSegments();
+  TierMover(const KvManagerOptions& options, DeviceKv device, std::vector<LowerTier> lowers, BlockPool* pool,
+            Clock* clock, LoadDoneFn on_load_done);
+  Status Init();
   bool WorthLoading(const LowerTier& t, size_t blocks) const;
-  std::span<uint8_t> BlockSpan(BlockId id) const;
+  // Block `id`'s region of the device segment (Region{} when metadata-only).
+  Region BlockRegion(BlockId id) const;
+  Region StagingRegion(int32_t staging) const;
   // Writes `block` (named `h`) to tier `tier` unless it is there or on its way.
   void SubmitWrite(int tier, BlockId block, const BlockHash& h);
-  void OnLowerEvicted(size_t from, const BlockHash& h, std::span<const uint8_t> data);
-  void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, std::span<const uint8_t> data, int32_t staging);
+  void OnLowerEvicted(size_t from, const BlockHash& h, const Region& data);
+  void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data, int32_t staging);
   // Whether tier `t` takes a write-back of `h` now (counts a deferral).
   bool AdmitsWriteBack(size_t t, const BlockHash& h);
   // The staging copy shared by one block's write-backs (see the top).
   bool StageOnce(size_t t, int32_t* staging, const Region& src, bool may_poll);
+  // Copies `src` into a fresh staging buffer and waits for it; -1 when none
+  // is free or the copy failed (logged).
+  int32_t StageCopy(const Region& src, bool may_poll);
+  // Polls the copy engine; completions of staged loads wait in copy_ready_
+  // for Poll() (never handled from inside a store's callback).
+  void CollectCopies();
+  void FinishLoad(const Op& op, const Status& status);
   void FreeIfUnused(int32_t staging);
   // may_poll: poll the stores once when no buffer is free (not from inside
   // a store's callback).
@@ -197,12 +231,19 @@ class TierMover {
   void Complete(const StoreCompletion& c);
 
   const KvManagerOptions options_;
-  const BlockMemoryFn memory_;
-  SegmentTable segments_;  // before copy_, which reads it until destroyed
+  // The BlockMemoryFn convenience's own table and engine (null otherwise);
+  // the table before the engine, which reads it until destroyed.
+  std::unique_ptr<SegmentTable> own_segments_;
+  std::unique_ptr<CopyEngine> own_copy_;
+  SegmentTable* segments_ = nullptr;
+  CopyEngine* copy_ = nullptr;
   SegmentId device_segment_;
-  std::unique_ptr<CopyEngine> copy_;
+  bool device_host_ = true;  // the device segment is host-addressable (or absent)
   std::vector<CopyCompletion> copy_done_;
-  const std::vector<LowerTier> lowers_;
+  std::vector<CopyCompletion> copy_ready_;  // staged loads' copies, for Poll
+  std::vector<BlockStore*> attached_;       // stores the mover attached
+  bool draining_ = false;                   // in the destructor
+  std::vector<LowerTier> lowers_;  // names filled in by Init
   BlockPool* const pool_;
   Clock* const clock_;
   const LoadDoneFn on_load_done_;

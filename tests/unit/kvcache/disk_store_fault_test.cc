@@ -17,6 +17,7 @@
 
 #include "common/sha256.h"
 #include "tests/support/block_data.h"
+#include "tests/support/test_memory.h"
 #include "kvcache/disk_index.h"
 #include "kvcache/disk_store.h"
 
@@ -83,6 +84,7 @@ DiskStoreOptions Opts(const std::string& dir, uint64_t slots) {
 std::unique_ptr<DiskStore> MustOpen(const DiskStoreOptions& o) {
   auto r = DiskStore::Open(o);
   EXPECT_TRUE(r.ok()) << r.error().ToString();
+  if (r.ok()) testing::AttachToTestSegments(r->get());
   return r.ok() ? std::move(r).value() : nullptr;
 }
 
@@ -90,7 +92,7 @@ std::unique_ptr<DiskStore> MustOpen(const DiskStoreOptions& o) {
 void WriteInOrder(DiskStore& s, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) {
     std::vector<uint8_t> b = BlockOf(i, kBlock);
-    ASSERT_TRUE(s.SubmitWrite(HashOf(i), Ns(), b, i).ok());
+    ASSERT_TRUE(s.SubmitWrite(HashOf(i), Ns(), testing::RegionOf(b), i).ok());
     std::vector<StoreCompletion> done;
     s.Drain(&done);
     ASSERT_EQ(done.size(), 1u);
@@ -101,7 +103,7 @@ void WriteInOrder(DiskStore& s, uint64_t n) {
 // The read's Status; on success checks the bytes are the block's.
 Status ReadAndCheck(DiskStore& s, uint64_t id) {
   std::vector<uint8_t> buf(kBlock, 0xee);
-  Status sub = s.SubmitRead(HashOf(id), buf, id);
+  Status sub = s.SubmitRead(HashOf(id), testing::RegionOf(buf), id);
   if (!sub.ok()) return sub;
   std::vector<StoreCompletion> done;
   s.Drain(&done);
@@ -259,6 +261,7 @@ TEST_F(DiskStoreFaultTest, KillDashNineDuringWrites) {
     close(pipefd[0]);
     auto r = DiskStore::Open(o);
     if (!r.ok()) _exit(2);
+    testing::AttachToTestSegments(r->get());
     DiskStore& s = **r;
     std::vector<std::vector<uint8_t>> bufs(8);
     uint64_t next = 0;
@@ -266,7 +269,7 @@ TEST_F(DiskStoreFaultTest, KillDashNineDuringWrites) {
     for (;;) {
       while (in_flight < 8) {
         bufs[next % 8] = BlockOf(next, kBlock);
-        if (!s.SubmitWrite(HashOf(next), Ns(), bufs[next % 8], next).ok()) _exit(3);
+        if (!s.SubmitWrite(HashOf(next), Ns(), testing::RegionOf(bufs[next % 8]), next).ok()) _exit(3);
         ++next;
         ++in_flight;
       }
@@ -312,7 +315,7 @@ TEST_F(DiskStoreFaultTest, KillDashNineDuringWrites) {
   EXPECT_EQ(s->stats().corrupt_blocks, 0u);
   // Orphan slots (written, never indexed) are reused.
   std::vector<uint8_t> b = BlockOf(999999, kBlock);
-  ASSERT_TRUE(s->SubmitWrite(HashOf(999999), Ns(), b, 1).ok());
+  ASSERT_TRUE(s->SubmitWrite(HashOf(999999), Ns(), testing::RegionOf(b), 1).ok());
   std::vector<StoreCompletion> done;
   s->Drain(&done);
   ASSERT_EQ(done.size(), 1u);
@@ -366,7 +369,7 @@ TEST_F(DiskStoreFaultTest, FullDiskIsAWriteErrorAndServingContinues) {
   Status first_error;
   for (uint64_t i = 0; i < 200 && first_error.ok(); ++i) {
     std::vector<uint8_t> b = BlockOf(i, kBlock);
-    ASSERT_TRUE(s->SubmitWrite(HashOf(i), Ns(), b, i).ok());  // a full disk is no submit error
+    ASSERT_TRUE(s->SubmitWrite(HashOf(i), Ns(), testing::RegionOf(b), i).ok());  // a full disk is no submit error
     std::vector<StoreCompletion> done;
     s->Drain(&done);
     ASSERT_EQ(done.size(), 1u);
@@ -389,7 +392,7 @@ TEST_F(DiskStoreFaultTest, FullDiskIsAWriteErrorAndServingContinues) {
   uint64_t later_ok = 0;
   for (uint64_t i = 1000; i < 1005; ++i) {
     std::vector<uint8_t> b = BlockOf(i, kBlock);
-    ASSERT_TRUE(s->SubmitWrite(HashOf(i), Ns(), b, i).ok());
+    ASSERT_TRUE(s->SubmitWrite(HashOf(i), Ns(), testing::RegionOf(b), i).ok());
     std::vector<StoreCompletion> done;
     s->Drain(&done);
     ASSERT_EQ(done.size(), 1u);

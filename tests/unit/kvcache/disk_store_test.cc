@@ -15,6 +15,7 @@
 
 #include "common/sha256.h"
 #include "tests/support/block_data.h"
+#include "tests/support/test_memory.h"
 
 namespace strata::kvcache {
 namespace {
@@ -75,6 +76,7 @@ DiskStoreOptions Opts(const std::string& dir, uint64_t block, uint64_t slots) {
 std::unique_ptr<DiskStore> MustOpen(const DiskStoreOptions& o) {
   auto r = DiskStore::Open(o);
   EXPECT_TRUE(r.ok()) << r.error().ToString();
+  if (r.ok()) testing::AttachToTestSegments(r->get());
   return r.ok() ? std::move(r).value() : nullptr;
 }
 
@@ -91,7 +93,7 @@ void WriteBlocks(DiskStore& s, const std::vector<uint64_t>& ids, const Sha256Dig
     bufs.push_back(std::move(padded));
   }
   for (size_t k = 0; k < ids.size(); ++k) {
-    ASSERT_TRUE(s.SubmitWrite(HashOf(ids[k]), ns, {bufs[k].data() + skew, bytes}, ids[k]).ok());
+    ASSERT_TRUE(s.SubmitWrite(HashOf(ids[k]), ns, testing::RegionOf({bufs[k].data() + skew, bytes}), ids[k]).ok());
   }
   std::vector<StoreCompletion> done;
   s.Drain(&done);
@@ -108,7 +110,7 @@ Status ReadBlock(DiskStore& s, uint64_t id, std::vector<uint8_t>* out, size_t sk
     p += (4096 - reinterpret_cast<uintptr_t>(p) % 4096) % 4096;  // aligned
   else
     p += skew;
-  Status sub = s.SubmitRead(HashOf(id), {p, bytes}, id);
+  Status sub = s.SubmitRead(HashOf(id), testing::RegionOf({p, bytes}), id);
   if (!sub.ok()) return sub;
   std::vector<StoreCompletion> done;
   s.Drain(&done);
@@ -146,7 +148,7 @@ TEST(DiskStoreTest, RoundTripManyBlocksAndAfterReopen) {
   for (uint64_t i : ids) ExpectBlock(*s, i, i % 3 ? 0 : 1);
   // Many reads in flight at once, more than the queue depth.
   std::vector<std::vector<uint8_t>> bufs(ids.size(), std::vector<uint8_t>(64 << 10));
-  for (uint64_t i : ids) ASSERT_TRUE(s->SubmitRead(HashOf(i), bufs[i], i).ok());
+  for (uint64_t i : ids) ASSERT_TRUE(s->SubmitRead(HashOf(i), testing::RegionOf(bufs[i]), i).ok());
   std::vector<StoreCompletion> done;
   s->Drain(&done);
   ASSERT_EQ(done.size(), ids.size());
@@ -174,7 +176,7 @@ TEST(DiskStoreTest, PollDeliversCompletionsWithoutBlocking) {
   auto s = MustOpen(Opts(dir.path(), 16 << 10, 64));
   ASSERT_TRUE(s);
   std::vector<uint8_t> b = BlockOf(9, 16 << 10);
-  ASSERT_TRUE(s->SubmitWrite(HashOf(9), Ns(1), b, 42).ok());
+  ASSERT_TRUE(s->SubmitWrite(HashOf(9), Ns(1), testing::RegionOf(b), 42).ok());
   std::vector<StoreCompletion> done;
   while (done.empty()) s->Poll(&done);  // the loop ends when the kernel finishes the write
   ASSERT_EQ(done.size(), 1u);
@@ -204,8 +206,8 @@ TEST(DiskStoreTest, ExistingHashCompletesOkAndBadSizesAreRejected) {
   WriteBlocks(*s, {1}, Ns(1));
   EXPECT_EQ(s->stats().blocks, 1u);
   std::vector<uint8_t> small(100);
-  EXPECT_EQ(s->SubmitWrite(HashOf(2), Ns(1), small, 0).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s->SubmitRead(HashOf(1), small, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->SubmitWrite(HashOf(2), Ns(1), testing::RegionOf(small), 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->SubmitRead(HashOf(1), testing::RegionOf(small), 0).code(), StatusCode::kInvalidArgument);
   std::vector<uint8_t> got;
   EXPECT_EQ(ReadBlock(*s, 77, &got).code(), StatusCode::kNotFound);
 }
@@ -235,7 +237,7 @@ TEST(DiskStoreTest, RemoveWhileTheWriteIsInFlight) {
   auto s = MustOpen(Opts(dir.path(), 16 << 10, 64));
   ASSERT_TRUE(s);
   std::vector<uint8_t> b = BlockOf(5, 16 << 10);
-  ASSERT_TRUE(s->SubmitWrite(HashOf(5), Ns(1), b, 5).ok());
+  ASSERT_TRUE(s->SubmitWrite(HashOf(5), Ns(1), testing::RegionOf(b), 5).ok());
   ASSERT_TRUE(s->Remove(HashOf(5)).ok());
   std::vector<StoreCompletion> done;
   s->Drain(&done);
@@ -333,7 +335,7 @@ TEST(DiskStoreTest, ForeignNamespaceIsAMissAndIsDropped) {
   EXPECT_EQ(ReadBlock(*s, 1, &got).code(), StatusCode::kNotFound);
   ExpectBlock(*s, 2);
   std::vector<uint8_t> b = BlockOf(3, 16 << 10);
-  EXPECT_EQ(s->SubmitWrite(HashOf(3), Ns(0xa), b, 3).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->SubmitWrite(HashOf(3), Ns(0xa), testing::RegionOf(b), 3).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(DiskStoreTest, AnotherBlockSizeWipesTheDirectory) {

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/test_memory.h"
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -33,6 +35,7 @@ std::unique_ptr<HostStore> Make(bool pin, const std::string& library = "") {
   o.cudart_library = library;
   auto s = HostStore::Create(o);
   EXPECT_TRUE(s.ok()) << s.error().message();
+  if (s.ok()) testing::AttachToTestSegments(s->get());
   return s.ok() ? std::move(s).value() : nullptr;
 }
 
@@ -44,11 +47,11 @@ void ExpectRoundTrip(HostStore& s) {
     a[i] = static_cast<uint8_t>(i * 13 + 1);
     b[i] = static_cast<uint8_t>(i * 7 + 5);
   }
-  ASSERT_TRUE(s.SubmitWrite(H(1), ns, a, 1).ok());
-  ASSERT_TRUE(s.SubmitWrite(H(2), ns, b, 2).ok());
+  ASSERT_TRUE(s.SubmitWrite(H(1), ns, testing::RegionOf(a), 1).ok());
+  ASSERT_TRUE(s.SubmitWrite(H(2), ns, testing::RegionOf(b), 2).ok());
   std::vector<uint8_t> back_a(kBlock, 0), back_b(kBlock, 0);
-  ASSERT_TRUE(s.SubmitRead(H(2), back_b, 3).ok());
-  ASSERT_TRUE(s.SubmitRead(H(1), back_a, 4).ok());
+  ASSERT_TRUE(s.SubmitRead(H(2), testing::RegionOf(back_b), 3).ok());
+  ASSERT_TRUE(s.SubmitRead(H(1), testing::RegionOf(back_a), 4).ok());
   std::vector<StoreCompletion> done;
   s.Drain(&done);
   ASSERT_EQ(done.size(), 4u);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/test_memory.h"
+
 namespace strata::kvcache {
 namespace {
 
@@ -26,6 +28,7 @@ std::vector<uint8_t> Bytes(int seed) {
 std::unique_ptr<HostStore> Make(uint64_t blocks, bool meta = false) {
   auto s = HostStore::Create({blocks * kBlock + kBlock / 2, kBlock, meta});
   EXPECT_TRUE(s.ok());
+  testing::AttachToTestSegments(s->get());
   return std::move(s).value();
 }
 
@@ -34,13 +37,13 @@ TEST(HostStoreTest, WriteReadRoundTripIsExact) {
   EXPECT_EQ(s->num_slots(), 4);  // capacity rounded down to whole blocks
   const Sha256Digest ns{};
   auto data = Bytes(3);
-  ASSERT_TRUE(s->SubmitWrite(H(1), ns, data, 11).ok());
+  ASSERT_TRUE(s->SubmitWrite(H(1), ns, testing::RegionOf(data), 11).ok());
   std::vector<StoreCompletion> done;
   EXPECT_EQ(s->Poll(&done), 1u);
   EXPECT_EQ(done[0].tag, 11u);
   EXPECT_TRUE(done[0].status.ok());
   std::vector<uint8_t> back(kBlock, 0);
-  ASSERT_TRUE(s->SubmitRead(H(1), back, 12).ok());
+  ASSERT_TRUE(s->SubmitRead(H(1), testing::RegionOf(back), 12).ok());
   done.clear();
   s->Drain(&done);
   ASSERT_EQ(done.size(), 1u);
@@ -54,17 +57,18 @@ TEST(HostStoreTest, WriteReadRoundTripIsExact) {
 TEST(HostStoreTest, MissAndBadSizes) {
   auto s = Make(2);
   std::vector<uint8_t> dst(kBlock);
-  ASSERT_TRUE(s->SubmitRead(H(9), dst, 1).ok());
+  ASSERT_TRUE(s->SubmitRead(H(9), testing::RegionOf(dst), 1).ok());
   std::vector<StoreCompletion> done;
   s->Poll(&done);
   EXPECT_EQ(done[0].status.code(), StatusCode::kNotFound);
   std::vector<uint8_t> small(3);
-  EXPECT_FALSE(s->SubmitWrite(H(1), {}, small, 2).ok());
-  EXPECT_FALSE(s->SubmitRead(H(1), small, 3).ok());
+  EXPECT_FALSE(s->SubmitWrite(H(1), {}, testing::RegionOf(small), 2).ok());
+  EXPECT_FALSE(s->SubmitRead(H(1), testing::RegionOf(small), 3).ok());
   auto off = HostStore::Create({0, kBlock, false});
   ASSERT_TRUE(off.ok());
+  testing::AttachToTestSegments(off->get());
   auto d = Bytes(1);
-  ASSERT_TRUE((*off)->SubmitWrite(H(1), {}, d, 4).ok());
+  ASSERT_TRUE((*off)->SubmitWrite(H(1), {}, testing::RegionOf(d), 4).ok());
   done.clear();
   (*off)->Poll(&done);
   EXPECT_FALSE(done[0].status.ok());
@@ -73,15 +77,15 @@ TEST(HostStoreTest, MissAndBadSizes) {
 
 TEST(HostStoreTest, EvictsLeastRecentlyUsed) {
   auto s = Make(3);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->SubmitWrite(H(i), {}, Bytes(i), i).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->SubmitWrite(H(i), {}, testing::RegionOf(Bytes(i)), i).ok());
   std::vector<uint8_t> dst(kBlock);
-  ASSERT_TRUE(s->SubmitRead(H(0), dst, 10).ok());           // 0 becomes most recent
-  ASSERT_TRUE(s->SubmitWrite(H(1), {}, Bytes(1), 11).ok());  // rewrite touches 1
-  ASSERT_TRUE(s->SubmitWrite(H(3), {}, Bytes(3), 12).ok());  // evicts 2
+  ASSERT_TRUE(s->SubmitRead(H(0), testing::RegionOf(dst), 10).ok());           // 0 becomes most recent
+  ASSERT_TRUE(s->SubmitWrite(H(1), {}, testing::RegionOf(Bytes(1)), 11).ok());  // rewrite touches 1
+  ASSERT_TRUE(s->SubmitWrite(H(3), {}, testing::RegionOf(Bytes(3)), 12).ok());  // evicts 2
   EXPECT_FALSE(s->Contains(H(2)));
   EXPECT_TRUE(s->Contains(H(0)) && s->Contains(H(1)) && s->Contains(H(3)));
   EXPECT_EQ(s->stats().evictions, 1u);
-  ASSERT_TRUE(s->SubmitRead(H(3), dst, 13).ok());
+  ASSERT_TRUE(s->SubmitRead(H(3), testing::RegionOf(dst), 13).ok());
   EXPECT_EQ(dst, Bytes(3));
   std::vector<StoreCompletion> done;
   EXPECT_EQ(s->Poll(&done), 7u);
@@ -92,8 +96,8 @@ TEST(HostStoreTest, CountPrefixRemoveFlush) {
   auto s = Make(8);
   Sha256Digest a{}, b{};
   b[0] = 1;
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->SubmitWrite(H(i), a, Bytes(i), 0).ok());
-  ASSERT_TRUE(s->SubmitWrite(H(5), b, Bytes(5), 0).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->SubmitWrite(H(i), a, testing::RegionOf(Bytes(i)), 0).ok());
+  ASSERT_TRUE(s->SubmitWrite(H(5), b, testing::RegionOf(Bytes(5)), 0).ok());
   std::vector<BlockHash> chain = {H(0), H(1), H(4), H(2)};
   EXPECT_EQ(s->CountPrefix(chain), 2u);
   EXPECT_TRUE(s->Remove(H(1)).ok());
@@ -105,14 +109,14 @@ TEST(HostStoreTest, CountPrefixRemoveFlush) {
   ASSERT_TRUE(s->Flush(nullptr).ok());
   EXPECT_EQ(s->stats().blocks, 0u);
   // Slots are reusable after removal.
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(s->SubmitWrite(H(10 + i), a, Bytes(i), 0).ok());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(s->SubmitWrite(H(10 + i), a, testing::RegionOf(Bytes(i)), 0).ok());
   EXPECT_EQ(s->stats().evictions, 0u);
 }
 
 TEST(HostStoreTest, MetadataOnly) {
   auto s = Make(2, /*meta=*/true);
-  ASSERT_TRUE(s->SubmitWrite(H(1), {}, {}, 1).ok());
-  ASSERT_TRUE(s->SubmitRead(H(1), {}, 2).ok());
+  ASSERT_TRUE(s->SubmitWrite(H(1), {}, Region{}, 1).ok());
+  ASSERT_TRUE(s->SubmitRead(H(1), Region{}, 2).ok());
   std::vector<StoreCompletion> done;
   s->Poll(&done);
   ASSERT_EQ(done.size(), 2u);

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/test_memory.h"
+
 #include "kvcache/host_store.h"
 #include "kvcache/kv_manager.h"
 
@@ -43,11 +45,8 @@ struct Tiers {
     }
   }
   void Put(HostStore* s, const BlockHash& h, std::span<const uint8_t> bytes) {
-    ASSERT_TRUE(s->SubmitWrite(h, ns, bytes, 0).ok());
-    std::vector<StoreCompletion> done;
-    s->Drain(&done);
-    ASSERT_EQ(done.size(), 1u);
-    ASSERT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+    const Status st = testing::StoreBlock(s, h, ns, bytes);
+    ASSERT_TRUE(st.ok()) << st.ToString();
   }
   // The match of a manager with these rates (0 = unknown).
   PrefixMatch Match(LoadPolicy policy, double recompute, double upper_rate, double lower_rate) {

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/test_memory.h"
+
 #include <algorithm>
 #include <deque>
 #include <random>
@@ -44,18 +46,19 @@ class SlowIndexStore final : public BlockStore {
     }
     return n;
   }
-  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
-                     uint64_t tag) override {
+  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& data, uint64_t tag) override {
     return inner_->SubmitWrite(h, ns, data, tag);
   }
-  Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override {
+  Status SubmitRead(const BlockHash& h, const Region& dst, uint64_t tag) override {
     return inner_->SubmitRead(h, dst, tag);
   }
   size_t Poll(std::vector<StoreCompletion>* out) override { return inner_->Poll(out); }
   void Drain(std::vector<StoreCompletion>* out) override { inner_->Drain(out); }
   Status Remove(const BlockHash& h) override { return inner_->Remove(h); }
   Status Flush(const Sha256Digest* ns) override { return inner_->Flush(ns); }
-  Memory memory() override { return inner_->memory(); }
+  // The inner store's memory is in the table this one is attached to.
+  Status RegisterMemory() override { return inner_->Attach(segments()); }
+  void UnregisterMemory() override { inner_->Detach(); }
 
   void Answer(size_t n) { answerable_ += n; }
   size_t questions() const { return questions_.size(); }
@@ -77,9 +80,8 @@ std::vector<int32_t> Prompt(int blocks, int seed) {
 
 void Put(BlockStore* s, const BlockHash& h) {
   std::vector<uint8_t> bytes(kBlockBytes, static_cast<uint8_t>(h.digest[0]));
-  ASSERT_TRUE(s->SubmitWrite(h, Ns(), bytes, 0).ok());
-  std::vector<StoreCompletion> c;
-  s->Drain(&c);
+  const Status st = testing::StoreBlock(s, h, Ns(), bytes);
+  ASSERT_TRUE(st.ok()) << st.ToString();
 }
 
 struct Rig {

@@ -5,6 +5,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include "tests/support/test_memory.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -222,7 +224,7 @@ TEST_F(KvManagerFlushTest, OtherNamespacesOnTheDiskAreKeptUnlessAllAreAsked) {
   BlockHash foreign;
   foreign.digest = Sha256Of("foreign", 7);
   std::vector<uint8_t> data(kBlockBytes, 0x11);
-  ASSERT_TRUE(disk_->SubmitWrite(foreign, other, data, 777).ok());
+  ASSERT_TRUE(disk_->SubmitWrite(foreign, other, testing::RegionOf(data, &mgr_->segments()), 777).ok());
   std::vector<StoreCompletion> done;
   disk_->Drain(&done);
   ASSERT_EQ(disk_->stats().blocks, 3u);

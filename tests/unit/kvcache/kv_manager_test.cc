@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/test_memory.h"
+
 #include <numeric>
 
 #include <map>
@@ -44,13 +46,13 @@ class FailingReads final : public BlockStore {
   StoreStats stats() const override { return inner_->stats(); }
   bool Contains(const BlockHash& h) const override { return inner_->Contains(h); }
   size_t CountPrefix(std::span<const BlockHash> c) const override { return inner_->CountPrefix(c); }
-  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> d,
-                     uint64_t tag) override {
+  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& d, uint64_t tag) override {
     return inner_->SubmitWrite(h, ns, d, tag);
   }
-  Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override {
+  Status SubmitRead(const BlockHash& h, const Region& dst, uint64_t tag) override {
     if (fail.contains(ToHex(h.digest))) {
-      std::fill(dst.begin(), dst.end(), 0xEE);  // garbage that must never be served
+      if (auto bytes = segments()->Resolve(dst); bytes.ok())
+        std::fill(bytes->begin(), bytes->end(), 0xEE);  // garbage that must never be served
       failed_.push_back({tag, Status::Corrupt("injected")});
       return Status::Ok();
     }
@@ -65,6 +67,9 @@ class FailingReads final : public BlockStore {
   void Drain(std::vector<StoreCompletion>* out) override { (void)Poll(out); }
   Status Remove(const BlockHash& h) override { return inner_->Remove(h); }
   Status Flush(const Sha256Digest* ns) override { return inner_->Flush(ns); }
+  // The inner store's memory is in the table this one is attached to.
+  Status RegisterMemory() override { return inner_->Attach(segments()); }
+  void UnregisterMemory() override { inner_->Detach(); }
 
  private:
   BlockStore* inner_;
@@ -388,9 +393,11 @@ TEST(KvManagerSegmentsTest, DeviceBlocksAndTheHostArenaAreRegisteredSegments) {
   EXPECT_EQ(dev->size, 8 * kBlockBytes);
   EXPECT_EQ(dev->kind, SegmentKind::kHost);  // the CPU backend's pool is host memory
   EXPECT_EQ(t.size(), 2u);                   // device pool + host arena
-  auto arena = f.host->memory();
-  ASSERT_EQ(arena.bytes.size(), 16 * kBlockBytes);
-  EXPECT_TRUE(t.Locate(arena.bytes.data() + kBlockBytes, kBlockBytes).ok());
+  ASSERT_EQ(f.host->own_segments().size(), 1u);  // the store registered its arena when attached
+  const auto arena = t.Get(f.host->own_segments()[0]);
+  ASSERT_TRUE(arena.has_value());
+  EXPECT_EQ(arena->size, 16 * kBlockBytes);
+  EXPECT_TRUE(t.Locate(arena->base + kBlockBytes, kBlockBytes).ok());
 
   ManualClock clock;
   std::vector<uint8_t> a(4 * kBlockBytes), b(4 * kBlockBytes);

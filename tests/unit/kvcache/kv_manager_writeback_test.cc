@@ -8,6 +8,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include "tests/support/test_memory.h"
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -72,11 +74,10 @@ class HeldStore final : public BlockStore {
   StoreStats stats() const override { return inner_->stats(); }
   bool Contains(const BlockHash& h) const override { return inner_->Contains(h); }
   size_t CountPrefix(std::span<const BlockHash> chain) const override { return inner_->CountPrefix(chain); }
-  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
-                     uint64_t tag) override {
+  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& data, uint64_t tag) override {
     return inner_->SubmitWrite(h, ns, data, tag);
   }
-  Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override {
+  Status SubmitRead(const BlockHash& h, const Region& dst, uint64_t tag) override {
     return inner_->SubmitRead(h, dst, tag);
   }
   size_t Poll(std::vector<StoreCompletion>* out) override {
@@ -86,6 +87,9 @@ class HeldStore final : public BlockStore {
   void Drain(std::vector<StoreCompletion>* out) override { inner_->Drain(out); }
   Status Remove(const BlockHash& h) override { return inner_->Remove(h); }
   Status Flush(const Sha256Digest* ns) override { return inner_->Flush(ns); }
+  // The inner store's memory is in the table this one is attached to.
+  Status RegisterMemory() override { return inner_->Attach(segments()); }
+  void UnregisterMemory() override { inner_->Detach(); }
   void Release() { held_ = false; }
 
  private:

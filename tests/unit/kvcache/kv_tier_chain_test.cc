@@ -145,13 +145,15 @@ TEST(KvTierChainTest, NeverPolicyLoadsNothingButStillWrites) {
   auto p = Seq(9, 10);
   c.Run(1, p);
   c.EvictDevice(8);
-  // A manager sharing the stores with kNever sees no lower hits.
+  // A manager sharing the stores (and so the segment table they are
+  // attached to; metadata-only, no device segment) with kNever sees no
+  // lower hits.
   KvManagerOptions o = c.mgr->options();
   o.load_policy = LoadPolicy::kNever;
-  auto never =
-      std::move(KvManager::Create(
-                    o, nullptr, std::vector<LowerTier>{{c.upper.get()}, {c.lower.get()}}, &c.clock))
-          .value();
+  CpuCopyEngine copy(&c.mgr->segments());
+  auto never = std::move(KvManager::Create(o, DeviceKv{&c.mgr->segments(), SegmentId(), &copy},
+                                           std::vector<LowerTier>{{c.upper.get()}, {c.lower.get()}}, &c.clock))
+                   .value();
   EXPECT_EQ(never->Match(p, {}).lower_tokens, 0);
   EXPECT_EQ(c.mgr->Match(p, {}).lower_tokens, 8);
 }

@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/test_memory.h"
+
 #include "kvcache/host_store.h"
 
 namespace strata::kvcache {
@@ -136,7 +138,7 @@ TEST(TierMover, WriteBackStagesEvictedBlocksBeforeTheyAreReused) {
   EXPECT_EQ(r.stores[0]->stats().blocks, static_cast<uint64_t>(kDeviceBlocks));
   for (int i = 0; i < kDeviceBlocks; ++i) {
     std::vector<uint8_t> back(kBlockBytes);
-    ASSERT_TRUE(r.stores[0]->SubmitRead(Hash(i), back, 99).ok());
+    ASSERT_TRUE(r.stores[0]->SubmitRead(Hash(i), testing::RegionOf(back, &r.mover->segments()), 99).ok());
     std::vector<StoreCompletion> c;
     r.stores[0]->Drain(&c);
     EXPECT_EQ(back, std::vector<uint8_t>(kBlockBytes, static_cast<uint8_t>(0x10 + i))) << i;
@@ -148,7 +150,7 @@ TEST(TierMover, WriteBackStagesEvictedBlocksBeforeTheyAreReused) {
   // The device pool, the store's arena and the staging buffers are
   // registered segments: one buffer per write-back in flight at once (the
   // store's completions were polled only after the four evictions).
-  EXPECT_EQ(r.mover->segments().size(), 2u + kDeviceBlocks);
+  EXPECT_EQ(r.mover->segments().size(), 3u + kDeviceBlocks);  // + the test's read buffer
 }
 
 TEST(TierMover, LookupWalksTheChainFromTheTopTier) {
@@ -157,8 +159,8 @@ TEST(TierMover, LookupWalksTheChainFromTheTopTier) {
   const Sha256Digest ns = NamespaceDigest("w", "llama", "f16", kBs);
   std::vector<StoreCompletion> c;
   // Block 0 in both tiers, block 1 only in the lower one, block 2 nowhere.
-  for (auto* s : {r.stores[0].get(), r.stores[1].get()}) ASSERT_TRUE(s->SubmitWrite(Hash(0), ns, block, 1).ok());
-  ASSERT_TRUE(r.stores[1]->SubmitWrite(Hash(1), ns, block, 2).ok());
+  for (auto* s : {r.stores[0].get(), r.stores[1].get()}) ASSERT_TRUE(s->SubmitWrite(Hash(0), ns, testing::RegionOf(block, &r.mover->segments()), 1).ok());
+  ASSERT_TRUE(r.stores[1]->SubmitWrite(Hash(1), ns, testing::RegionOf(block, &r.mover->segments()), 2).ok());
   r.stores[0]->Drain(&c);
   r.stores[1]->Drain(&c);
   const std::vector<BlockHash> chain = {Hash(0), Hash(1), Hash(2)};

@@ -41,18 +41,19 @@ class HeldIndexStore final : public kvcache::BlockStore {
     questions_.clear();
     return n;
   }
-  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, std::span<const uint8_t> data,
-                     uint64_t tag) override {
+  Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& data, uint64_t tag) override {
     return inner_->SubmitWrite(h, ns, data, tag);
   }
-  Status SubmitRead(const BlockHash& h, std::span<uint8_t> dst, uint64_t tag) override {
+  Status SubmitRead(const BlockHash& h, const Region& dst, uint64_t tag) override {
     return inner_->SubmitRead(h, dst, tag);
   }
   size_t Poll(std::vector<kvcache::StoreCompletion>* out) override { return inner_->Poll(out); }
   void Drain(std::vector<kvcache::StoreCompletion>* out) override { inner_->Drain(out); }
   Status Remove(const BlockHash& h) override { return inner_->Remove(h); }
   Status Flush(const Sha256Digest* ns) override { return inner_->Flush(ns); }
-  Memory memory() override { return inner_->memory(); }
+  // The inner store's memory is in the table this one is attached to.
+  Status RegisterMemory() override { return inner_->Attach(segments()); }
+  void UnregisterMemory() override { inner_->Detach(); }
   void set_held(bool held) { held_ = held; }
   size_t questions() const { return questions_.size(); }
 
