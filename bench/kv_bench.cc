@@ -375,7 +375,7 @@ Result<TtftResult> MeasureTtft(const TtftSetup& s, const TtftOptions& o) {
     return Status::InvalidArgument("bench kvcache: incomplete TTFT setup");
   kvcache::KvManager& kv = *s.kv;
   const int bs = kv.options().block_size;
-  const int ctx = s.cached_engine->config().context_length;
+  const int ctx = s.cached_engine->context_length();
   if (o.cached_tokens <= 0 || o.cached_tokens % bs != 0 || o.cached_tokens >= o.prompt_tokens)
     return Status::InvalidArgument("--cached-tokens " + std::to_string(o.cached_tokens) +
                                    " must be a positive multiple of the block size " + std::to_string(bs) +
@@ -384,7 +384,7 @@ Result<TtftResult> MeasureTtft(const TtftSetup& s, const TtftOptions& o) {
     return Status::InvalidArgument("--prompt-tokens " + std::to_string(o.prompt_tokens) +
                                    " plus one generated token exceed the model's context of " + std::to_string(ctx));
   if (o.iterations < 1) return Status::InvalidArgument("--iterations must be >= 1");
-  const int vocab = s.cached_engine->config().vocab_size;
+  const int vocab = s.cached_engine->vocab_size();
   if (vocab < 2) return Status::InvalidArgument("the model's vocabulary is too small");
 
   int host_tier = -1, disk_tier = -1;  // index among the lower tiers

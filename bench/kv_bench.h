@@ -90,9 +90,9 @@ struct TtftOptions {
 };
 
 struct TtftSetup {
-  ForwardEngine* cached_engine = nullptr;  // the engine whose blocks `kv` manages
+  ForwardPass* cached_engine = nullptr;   // the engine whose blocks `kv` manages
   kvcache::KvManager* kv = nullptr;        // lower tiers named "host" and "disk"
-  ForwardEngine* plain_engine = nullptr;   // cache off: Generate on blocks [0, n)
+  ForwardPass* plain_engine = nullptr;    // cache off: Generate on blocks [0, n)
   const Tokenizer* tokenizer = nullptr;
 };
 

@@ -31,8 +31,8 @@ void Reserve(std::vector<float>& v, size_t n) {
 
 }  // namespace
 
-Result<std::unique_ptr<ForwardEngine>> ForwardEngine::Create(const ModelWeights& weights, const KvOptions& kv,
-                                                             ThreadPool* pool) {
+Result<std::unique_ptr<ForwardEngine>> ForwardEngine::Make(const ModelWeights& weights, const KvOptions& kv,
+                                                           ThreadPool* pool) {
   STRATA_RETURN_IF_ERROR(ValidateWeights(weights));
   if (pool == nullptr) return Status::InvalidArgument("ForwardEngine needs a thread pool");
   if (kv.dtype != DType::kF32 && kv.dtype != DType::kF16 && kv.dtype != DType::kBF16)
@@ -49,13 +49,6 @@ Result<std::unique_ptr<ForwardEngine>> ForwardEngine::Create(const ModelWeights&
   e->layout_.block_size = kv.block_size;
   e->layout_.dtype = kv.dtype;
   e->num_blocks_ = kv.num_blocks;
-  size_t bytes = e->layout_.block_bytes() * static_cast<size_t>(kv.num_blocks);
-  e->kv_.reset(new (std::align_val_t{4096}, std::nothrow) uint8_t[bytes]);
-  if (!e->kv_) {
-    return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes for " +
-                                     std::to_string(kv.num_blocks) + " KV blocks");
-  }
-  std::memset(e->kv_.get(), 0, bytes);
   e->inv_freq_.resize(static_cast<size_t>(c.head_dim / 2));
   ComputeRopeInvFreq(c, e->inv_freq_.data());
   e->output_norm_ = ToF32(weights.output_norm);
@@ -68,6 +61,39 @@ Result<std::unique_ptr<ForwardEngine>> ForwardEngine::Create(const ModelWeights&
     f.bv = ToF32(l.bv);
     e->layer_f32_.push_back(std::move(f));
   }
+  return e;
+}
+
+Result<std::unique_ptr<ForwardEngine>> ForwardEngine::Create(const ModelWeights& weights, const KvOptions& kv,
+                                                             ThreadPool* pool) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ForwardEngine> e, Make(weights, kv, pool));
+  const size_t bytes = e->layout_.block_bytes() * static_cast<size_t>(kv.num_blocks);
+  e->kv_own_.reset(new (std::align_val_t{4096}, std::nothrow) uint8_t[bytes]);
+  if (!e->kv_own_) {
+    return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes for " +
+                                     std::to_string(kv.num_blocks) + " KV blocks");
+  }
+  std::memset(e->kv_own_.get(), 0, bytes);
+  e->kv_ = e->kv_own_.get();
+  return e;
+}
+
+Result<std::unique_ptr<ForwardEngine>> ForwardEngine::Create(const ModelWeights& weights, const KvPool& kv_pool,
+                                                             ThreadPool* pool, CopyEngine* copies) {
+  if (!HostAddressable(kv_pool.kind) || kv_pool.base == nullptr)
+    return Status::InvalidArgument("the CPU forward pass needs a KV pool in host memory, not " +
+                                   std::string(SegmentKindName(kv_pool.kind)));
+  const ModelConfig& c = weights.config;
+  if (kv_pool.layout.n_layers != c.n_layers || kv_pool.layout.n_kv_heads != c.n_kv_heads ||
+      kv_pool.layout.head_dim != c.head_dim)
+    return Status::InvalidArgument("the KV pool's layout does not fit the model (layers, KV heads, head size)");
+  KvOptions kv;
+  kv.block_size = kv_pool.layout.block_size;
+  kv.dtype = kv_pool.layout.dtype;
+  kv.num_blocks = kv_pool.num_blocks;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ForwardEngine> e, Make(weights, kv, pool));
+  e->kv_ = kv_pool.base;
+  e->copies_ = copies;
   return e;
 }
 
@@ -160,7 +186,7 @@ void ForwardEngine::Attention(int layer, std::span<const ForwardSeq> batch, cons
     a.kv_head_bytes = head_bytes;
     a.head_dim = hd;
     a.n_ctx = n_ctx;
-    a.kv_base = kv_.get();
+    a.kv_base = kv_;
     a.block_bytes = layout_.block_bytes();
     a.block_table = batch[seq_of_token[t]].block_table.data() + first_block;
     a.block_size = layout_.block_size;
@@ -204,6 +230,8 @@ void ForwardEngine::Attention(int layer, std::span<const ForwardSeq> batch, cons
 
 Status ForwardEngine::Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) {
   STRATA_RETURN_IF_ERROR(Validate(batch));
+  // Copies into the pool (staged loads) land before any block is read.
+  if (copies_ != nullptr) copies_->Wait(copies_->Fence());
   const ModelConfig& c = w_.config;
   const int dim = c.dim;
 
@@ -265,7 +293,7 @@ Status ForwardEngine::Forward(std::span<const ForwardSeq> batch, std::vector<flo
         // Store this token's K and V into its block.
         const ForwardSeq& seq = batch[seq_of_token[t]];
         int pos = pos_of_token[t];
-        uint8_t* blk = kv_.get() + static_cast<size_t>(seq.block_table[pos / layout_.block_size]) * layout_.block_bytes();
+        uint8_t* blk = kv_ + static_cast<size_t>(seq.block_table[pos / layout_.block_size]) * layout_.block_bytes();
         int slot = pos % layout_.block_size;
         cpu::StoreKv(kt, blk + layout_.Offset(l, 0, slot), layout_.dtype, c.kv_dim());
         cpu::StoreKv(vt, blk + layout_.Offset(l, 1, slot), layout_.dtype, c.kv_dim());

@@ -9,6 +9,10 @@
 // whose first `start_pos` positions are already in its blocks (an earlier
 // chunk, or a shared prefix) continues from there.
 //
+// It is the CPU backend's ForwardPass (model/backend/backend.h); the KV
+// pool is either the backend's (Create with a KvPool) or, for tests and
+// tools that need no backend, its own (Create with KvOptions).
+//
 // Thread-safety: a ForwardEngine is used by one thread at a time (the engine
 // loop); it parallelises internally over its ThreadPool.
 
@@ -20,17 +24,11 @@
 
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "model/backend/backend.h"
 #include "model/backend/kv_layout.h"
 #include "model/weights.h"
 
 namespace strata {
-
-struct ForwardSeq {
-  std::span<const int32_t> tokens;       // >= 1 token ids (prompt chunk or decode token)
-  int32_t start_pos = 0;                 // position of tokens[0]
-  std::span<const int32_t> block_table;  // block ids for positions [0, start_pos + tokens.size())
-  bool all_logits = false;               // logits for every token, not only the last
-};
 
 struct KvOptions {
   int block_size = 16;
@@ -38,28 +36,33 @@ struct KvOptions {
   int num_blocks = 0;         // size of the KV pool
 };
 
-class ForwardEngine {
+class ForwardEngine final : public ForwardPass {
  public:
-  // `weights` must outlive the engine. Allocates the KV pool.
+  // `weights` must outlive the engine. Allocates a KV pool of its own.
   static Result<std::unique_ptr<ForwardEngine>> Create(const ModelWeights& weights, const KvOptions& kv,
                                                        ThreadPool* pool);
-  ~ForwardEngine();
+  // Runs over `kv_pool` (host memory, not owned, outliving the engine), as
+  // the CPU backend allocated it; before each Forward it waits on the fence
+  // of every copy submitted to `copies` (may be null) so far.
+  static Result<std::unique_ptr<ForwardEngine>> Create(const ModelWeights& weights, const KvPool& kv_pool,
+                                                       ThreadPool* pool, CopyEngine* copies);
+  ~ForwardEngine() override;
 
-  // REQUIRES: each sequence's block table covers start_pos + tokens.size()
-  // positions with valid block ids, start_pos + tokens.size() <= context length,
-  // and token ids are < vocab size (all checked; a violation returns
-  // InvalidArgument and writes nothing).
-  // On success `logits` holds, for each sequence in order, one row (or
-  // tokens.size() rows with all_logits) of vocab_size floats.
-  Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits);
+  // ForwardPass::Forward's contract.
+  Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) override;
 
-  const KvLayout& kv_layout() const { return layout_; }
-  int num_blocks() const { return num_blocks_; }
-  uint8_t* block_data(int32_t block) { return kv_.get() + static_cast<size_t>(block) * layout_.block_bytes(); }
+  const KvLayout& kv_layout() const override { return layout_; }
+  int num_blocks() const override { return num_blocks_; }
+  int vocab_size() const override { return w_.config.vocab_size; }
+  int context_length() const override { return w_.config.context_length; }
+  uint8_t* block_data(int32_t block) { return kv_ + static_cast<size_t>(block) * layout_.block_bytes(); }
   const ModelConfig& config() const { return w_.config; }
 
  private:
   ForwardEngine(const ModelWeights& w, ThreadPool* pool) : w_(w), pool_(pool) {}
+  // Everything but the KV memory.
+  static Result<std::unique_ptr<ForwardEngine>> Make(const ModelWeights& weights, const KvOptions& kv,
+                                                     ThreadPool* pool);
   Status Validate(std::span<const ForwardSeq> batch) const;
   // Fills ranges_ / range_first_ for this batch (empty: no split); see
   // forward.cc. Once per Forward: the ranges are the same in every layer.
@@ -78,7 +81,9 @@ class ForwardEngine {
   struct FreeKvPool {
     void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t{4096}); }
   };
-  std::unique_ptr<uint8_t[], FreeKvPool> kv_;
+  std::unique_ptr<uint8_t[], FreeKvPool> kv_own_;  // Create with KvOptions
+  uint8_t* kv_ = nullptr;                          // the pool: kv_own_ or the backend's
+  CopyEngine* copies_ = nullptr;                   // fences waited on before a forward
   std::vector<float> inv_freq_;
   // Norms and biases converted to f32 once (they may be stored f16/bf16).
   std::vector<float> output_norm_;

@@ -72,13 +72,12 @@ Result<int> ResolveMaxTokens(int prompt_tokens, int max_tokens, int context_leng
   return max_tokens;
 }
 
-Result<GenerateOutput> Generate(ForwardEngine& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+Result<GenerateOutput> Generate(ForwardPass& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                 const GenerateOptions& options,
                                 const std::function<void(std::string_view)>& on_text) {
-  const ModelConfig& c = engine.config();
   STRATA_ASSIGN_OR_RETURN(int max_tokens, ResolveMaxTokens(static_cast<int>(prompt.size()), options.max_tokens,
-                                                           c.context_length));
-  STRATA_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling, c.vocab_size));
+                                                           engine.context_length()));
+  STRATA_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling, engine.vocab_size()));
   const int bs = engine.kv_layout().block_size;
   const int total = static_cast<int>(prompt.size()) + max_tokens;
   const int need_blocks = (total + bs - 1) / bs;
@@ -92,14 +91,13 @@ Result<GenerateOutput> Generate(ForwardEngine& engine, const Tokenizer& tokenize
   return GenerateWithKv(engine, tokenizer, prompt, options, kv, on_text);
 }
 
-Result<GenerateOutput> GenerateWithKv(ForwardEngine& engine, const Tokenizer& tokenizer,
+Result<GenerateOutput> GenerateWithKv(ForwardPass& engine, const Tokenizer& tokenizer,
                                       std::span<const int32_t> prompt, const GenerateOptions& options,
                                       const SequenceKv& kv,
                                       const std::function<void(std::string_view)>& on_text) {
-  const ModelConfig& c = engine.config();
   STRATA_ASSIGN_OR_RETURN(int max_tokens, ResolveMaxTokens(static_cast<int>(prompt.size()), options.max_tokens,
-                                                           c.context_length));
-  STRATA_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling, c.vocab_size));
+                                                           engine.context_length()));
+  STRATA_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling, engine.vocab_size()));
   const size_t total = prompt.size() + static_cast<size_t>(max_tokens);
   if (kv.block_table.size() * static_cast<size_t>(engine.kv_layout().block_size) < total)
     return Status::InvalidArgument("the block table covers " + std::to_string(kv.block_table.size()) +
@@ -113,7 +111,7 @@ Result<GenerateOutput> GenerateWithKv(ForwardEngine& engine, const Tokenizer& to
   };
 
   GenerateOutput out;
-  Sampler sampler(options.sampling, c.vocab_size);
+  Sampler sampler(options.sampling, engine.vocab_size());
   sampler.AcceptPrompt(prompt);
   StreamDecoder decoder(tokenizer, /*skip_special=*/true);
   StopMatcher stop(options.stop);

@@ -42,7 +42,7 @@ Result<int> ResolveMaxTokens(int prompt_tokens, int max_tokens, int context_leng
 // Generates with `engine`'s KV blocks [0, n) for the sequence. `on_text` gets
 // text as soon as it is final (complete UTF-8, not part of a possible stop
 // string). REQUIRES: engine has enough blocks for prompt + max_tokens.
-Result<GenerateOutput> Generate(ForwardEngine& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+Result<GenerateOutput> Generate(ForwardPass& engine, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                 const GenerateOptions& options,
                                 const std::function<void(std::string_view)>& on_text = nullptr);
 
@@ -64,7 +64,7 @@ struct SequenceKv {
 
 // Generate() over caller-managed blocks: prefill starts at kv.cached_tokens.
 // With cached_tokens == 0 and blocks 0..n it computes exactly what Generate() does.
-Result<GenerateOutput> GenerateWithKv(ForwardEngine& engine, const Tokenizer& tokenizer,
+Result<GenerateOutput> GenerateWithKv(ForwardPass& engine, const Tokenizer& tokenizer,
                                       std::span<const int32_t> prompt, const GenerateOptions& options,
                                       const SequenceKv& kv,
                                       const std::function<void(std::string_view)>& on_text = nullptr);

@@ -25,7 +25,7 @@ class RequestGuard {
 
 }  // namespace
 
-Result<CachedGenerateOutput> CachedGenerate(ForwardEngine& engine, kvcache::KvManager& kv,
+Result<CachedGenerateOutput> CachedGenerate(ForwardPass& engine, kvcache::KvManager& kv,
                                             const Tokenizer& tokenizer,
                                             std::span<const int32_t> prompt,
                                             const GenerateOptions& options,
@@ -37,7 +37,7 @@ Result<CachedGenerateOutput> CachedGenerate(ForwardEngine& engine, kvcache::KvMa
         " differs from the engine's " + std::to_string(engine.kv_layout().block_size));
   STRATA_ASSIGN_OR_RETURN(int max_tokens,
                           ResolveMaxTokens(static_cast<int>(prompt.size()), options.max_tokens,
-                                           engine.config().context_length));
+                                           engine.context_length()));
   const RequestId id = cache.request_id;
   STRATA_RETURN_IF_ERROR(kv.AddRequest(id, prompt, cache.cache_salt));
   RequestGuard guard(kv, id);

@@ -49,12 +49,12 @@ struct CachedGenerateOptions {
   double load_timeout_seconds = 60;
 };
 
-// REQUIRES: `kv` manages `engine`'s blocks (its BlockMemoryFn is
-// engine.block_data, same block size). kNotNow from the pool becomes
+// REQUIRES: `kv` manages `engine`'s blocks (the same KV pool, same block
+// size). kNotNow from the pool becomes
 // ResourceExhausted (nothing else would free blocks here). The request is
 // always freed before returning.
 Result<CachedGenerateOutput> CachedGenerate(
-    ForwardEngine& engine, kvcache::KvManager& kv, const Tokenizer& tokenizer,
+    ForwardPass& engine, kvcache::KvManager& kv, const Tokenizer& tokenizer,
     std::span<const int32_t> prompt, const GenerateOptions& options,
     const CachedGenerateOptions& cache = {},
     const std::function<void(std::string_view)>& on_text = nullptr);

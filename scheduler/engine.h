@@ -1,5 +1,5 @@
 #pragma once
-// The serving engine loop: continuous batching over one ForwardEngine and
+// The serving engine loop: continuous batching over one ForwardPass and
 // one KvManager.
 //
 // Each Step():
@@ -71,36 +71,37 @@
 #include "common/strong_id.h"
 #include "kvcache/clock.h"
 #include "kvcache/kv_manager.h"
-#include "model/forward.h"
+#include "model/backend/backend.h"
 #include "model/generate.h"
 #include "model/sampler.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace strata::scheduler {
 
-// What the engine runs a batch on: the model's forward pass (ForwardEngine),
+// What the engine runs a batch on: the model's forward pass (ForwardPass),
 // or a cost model in the simulator.
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
-  // ForwardEngine::Forward's contract.
+  // ForwardPass::Forward's contract.
   virtual Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) = 0;
   virtual int vocab_size() const = 0;
   virtual int context_length() const = 0;
 };
 
-// Runs batches on a ForwardEngine (not owned).
+// Runs batches on a backend's forward pass (model/backend/backend.h; not
+// owned).
 class ForwardEngineRunner final : public StepRunner {
  public:
-  explicit ForwardEngineRunner(ForwardEngine* engine) : engine_(engine) {}
+  explicit ForwardEngineRunner(ForwardPass* engine) : engine_(engine) {}
   Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) override {
     return engine_->Forward(batch, logits);
   }
-  int vocab_size() const override { return engine_->config().vocab_size; }
-  int context_length() const override { return engine_->config().context_length; }
+  int vocab_size() const override { return engine_->vocab_size(); }
+  int context_length() const override { return engine_->context_length(); }
 
  private:
-  ForwardEngine* engine_;
+  ForwardPass* engine_;
 };
 
 struct EngineOptions {

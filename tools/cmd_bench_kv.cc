@@ -84,7 +84,7 @@ Result<bench::TtftResult> RunTtft(const KvBenchFlags& f, const LoadedModel& m, c
   ThreadPool pool(f.threads);
   KvOptions cached_kv{bs, DType::kF16, 3 * seq_blocks};
   KvOptions plain_kv{bs, DType::kF16, seq_blocks};
-  STRATA_ASSIGN_OR_RETURN(auto cached_engine, ForwardEngine::Create(m.weights, cached_kv, &pool));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> cached, OpenCpuModel(m, cached_kv, &pool));
   STRATA_ASSIGN_OR_RETURN(auto plain_engine, ForwardEngine::Create(m.weights, plain_kv, &pool));
   const uint64_t seq_bytes = static_cast<uint64_t>(seq_blocks) * layout.block_bytes();
   kvcache::KvCacheConfig kvc;
@@ -100,9 +100,10 @@ Result<bench::TtftResult> RunTtft(const KvBenchFlags& f, const LoadedModel& m, c
                   c.dim, pool.num_threads(), layout.block_bytes(), kvc.disk_path);
   std::error_code ec;
   std::filesystem::remove_all(kvc.disk_path, ec);  // a cache left by an earlier run would hit the seed
-  STRATA_ASSIGN_OR_RETURN(auto stack, OpenKvStack(kvc, m, *cached_engine, kvcache::RealClock()));
+  STRATA_ASSIGN_OR_RETURN(auto stack,
+                          OpenKvStack(kvc, m, *cached->backend, cached->pool, *cached->forward, kvcache::RealClock()));
   bench::TtftSetup setup;
-  setup.cached_engine = cached_engine.get();
+  setup.cached_engine = cached->forward.get();
   setup.kv = stack->manager.get();
   setup.plain_engine = plain_engine.get();
   setup.tokenizer = m.tokenizer.get();

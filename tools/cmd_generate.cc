@@ -146,8 +146,9 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
       return Fail(s);
     for (const auto& w : warnings) STRATA_LOG_WARN("{}", w);
   }
-  auto engine = ForwardEngine::Create(m.weights, kv, &pool);
-  if (!engine) return Fail(engine.error());
+  auto cpu = OpenCpuModel(m, kv, &pool);
+  if (!cpu) return Fail(cpu.error());
+  CpuModel& model = **cpu;
   STRATA_LOG_INFO("model {} ({}; {} layers, dim {}, vocab {}), {} prompt tokens, kv {} x{} blocks, {} threads", m.id,
                   m.format, c.n_layers, c.dim, c.vocab_size, prompt.size(), f.engine.kv_dtype, kv.num_blocks,
                   pool.num_threads());
@@ -163,10 +164,10 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
   scheduler::CachedGenerateOutput cached_out;
   Result<GenerateOutput> out = GenerateOutput{};
   if (cached) {
-    auto st = OpenKvStack(kvc, m, **engine, kvcache::RealClock());
+    auto st = OpenKvStack(kvc, m, *model.backend, model.pool, *model.forward, kvcache::RealClock());
     if (!st) return Fail(st.error());
     stack = std::move(*st);
-    auto r = scheduler::CachedGenerate(**engine, *stack->manager, *m.tokenizer, prompt, go, {}, on_text);
+    auto r = scheduler::CachedGenerate(*model.forward, *stack->manager, *m.tokenizer, prompt, go, {}, on_text);
     if (!r) return Fail(r.error());
     cached_out = std::move(*r);
     out = std::move(cached_out.gen);
@@ -174,7 +175,7 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
                     prompt.size(), kvcache::LoadPolicyName(kvc.load_policy));
     stack.reset();  // waits for write-throughs (disk) before the process reports
   } else {
-    out = Generate(**engine, *m.tokenizer, prompt, go, on_text);
+    out = Generate(*model.forward, *m.tokenizer, prompt, go, on_text);
   }
   if (!out) return Fail(out.error());
   if (!f.json) {

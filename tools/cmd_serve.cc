@@ -220,11 +220,12 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       !s.ok())
     return Fail(s);
   for (const auto& w : warnings) STRATA_LOG_WARN("{}", w);
-  auto fwd = ForwardEngine::Create(m.weights, kv, &pool);
-  if (!fwd) return Fail(fwd.error());
-  auto stack = OpenKvStack(f.engine.kv, m, **fwd, kvcache::RealClock());
+  auto cpu = OpenCpuModel(m, kv, &pool);
+  if (!cpu) return Fail(cpu.error());
+  CpuModel& model = **cpu;
+  auto stack = OpenKvStack(f.engine.kv, m, *model.backend, model.pool, *model.forward, kvcache::RealClock());
   if (!stack) return Fail(stack.error());
-  scheduler::ForwardEngineRunner runner(fwd->get());
+  scheduler::ForwardEngineRunner runner(model.forward.get());
   scheduler::EngineOptions eo;
   eo.max_running = f.max_num_seqs;
   eo.max_waiting = f.max_waiting;

@@ -32,13 +32,13 @@ AlignedBuf Alloc(uint64_t n) { return AlignedBuf(new (std::align_val_t{4096}, st
 
 }  // namespace
 
-double MeasureRecomputeRate(ForwardEngine& engine, int tokens) {
+double MeasureRecomputeRate(ForwardPass& engine, int tokens) {
   const int bs = engine.kv_layout().block_size;
   const int max_tokens = std::min<int64_t>(static_cast<int64_t>(engine.num_blocks()) * bs,
-                                           engine.config().context_length);
+                                           engine.context_length());
   const int n = std::clamp(std::min(tokens, max_tokens), 1, 64);
   std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7 + 1) % engine.config().vocab_size;
+  for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7 + 1) % engine.vocab_size();
   std::vector<int32_t> table(static_cast<size_t>((n + bs - 1) / bs));
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   ForwardSeq seq;

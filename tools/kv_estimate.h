@@ -33,7 +33,7 @@ struct KvLoadEstimates {
 // Prefill rate of `engine` over `tokens` tokens (1..64; fewer when the pool
 // is smaller). Writes into device blocks 0.. : call before any request uses
 // the pool. Returns 0 when the engine refuses (logged).
-double MeasureRecomputeRate(ForwardEngine& engine, int tokens = 64);
+double MeasureRecomputeRate(ForwardPass& engine, int tokens = 64);
 
 // memcpy rate over `bytes` bytes (page-aligned buffers).
 double MeasureMemcpyRate(uint64_t bytes);

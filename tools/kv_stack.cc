@@ -32,7 +32,7 @@ namespace {
 // now, before any request owns a device block (see kv_estimate.h), fills
 // them into `o` and `lowers`, and logs them.
 void MeasureLoadRates(const kvcache::KvCacheConfig& kv, const std::vector<kvcache::TierSpec>& specs,
-                      ForwardEngine& engine, uint64_t block_bytes, kvcache::KvManagerOptions* o,
+                      ForwardPass& engine, uint64_t block_bytes, kvcache::KvManagerOptions* o,
                       std::vector<kvcache::LowerTier>* lowers) {
   const uint64_t sample = block_bytes * std::min<uint64_t>(16, std::max<uint64_t>(1, (64u << 20) / block_bytes));
   o->recompute_tokens_per_s = MeasureRecomputeRate(engine);
@@ -70,8 +70,19 @@ void MeasureLoadRates(const kvcache::KvCacheConfig& kv, const std::vector<kvcach
 
 }  // namespace
 
+Result<std::unique_ptr<CpuModel>> OpenCpuModel(const LoadedModel& m, const KvOptions& kv, ThreadPool* threads) {
+  auto cm = std::make_unique<CpuModel>();
+  cm->backend = std::make_unique<CpuBackend>(threads);
+  const ModelConfig& c = m.weights.config;
+  const KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv.block_size, kv.dtype};
+  STRATA_ASSIGN_OR_RETURN(cm->pool, cm->backend->AllocateKvPool(layout, kv.num_blocks));
+  STRATA_ASSIGN_OR_RETURN(cm->forward, cm->backend->CreateForward(m.weights, cm->pool));
+  return cm;
+}
+
 Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
-                                             ForwardEngine& engine, kvcache::Clock* clock) {
+                                             Backend& backend, const KvPool& pool, ForwardPass& engine,
+                                             kvcache::Clock* clock) {
   auto stack = std::make_unique<KvStack>();
   const uint64_t block_bytes = engine.kv_layout().block_bytes();
   STRATA_ASSIGN_OR_RETURN(std::vector<kvcache::TierSpec> specs, kvcache::LowerTierSpecs(kv));
@@ -85,8 +96,8 @@ Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, c
   o.block_bytes = block_bytes;
   o.ns = kvcache::NamespaceDigest(m.weights.digest, m.weights.config.arch, kv.dtype, kv.block_size);
   o.load_policy = kv.load_policy;
-  auto mem = [e = &engine](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
-  STRATA_ASSIGN_OR_RETURN(stack->manager, kvcache::KvManager::Create(o, mem, std::move(tiers.lowers), clock));
+  const kvcache::DeviceKv device{&backend.segments(), pool.segment, &backend.copy_engine()};
+  STRATA_ASSIGN_OR_RETURN(stack->manager, kvcache::KvManager::Create(o, device, std::move(tiers.lowers), clock));
   return stack;
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // The KV cache stack behind a command that runs the model (generate, serve):
-// the device pool lives in the ForwardEngine; the lower tiers as the kv.*
-// config lists them (kv.tiers or its shorthands), opened by the tier
-// registry; the KvManager over all of them.
+// the device pool the backend allocated (model/backend/backend.h), shared
+// with the forward pass; the lower tiers as the kv.* config lists them
+// (kv.tiers or its shorthands), opened by the tier registry; the KvManager
+// over all of them.
 
 #include <memory>
 
@@ -11,6 +12,8 @@
 #include "kvcache/kv_config.h"
 #include "kvcache/kv_manager.h"
 #include "model/backend/kv_layout.h"
+#include "model/backend/backend.h"
+#include "model/backend/cpu/cpu_backend.h"
 #include "model/forward.h"
 #include "model/model_loader.h"
 
@@ -34,9 +37,21 @@ Result<int> DeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layou
 Result<int> ServingDeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layout, int context_length,
                                 int max_seqs, uint64_t default_cap_bytes);
 
-// Opens the lower tiers the config lists and the manager over `engine`'s
-// blocks. Errors name the flag, key or tier at fault.
+// Opens the lower tiers the config lists and the manager over `pool` (the
+// pool `engine` runs over, from `backend`, which outlives the stack). Errors
+// name the flag, key or tier at fault.
 Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
-                                             ForwardEngine& engine, kvcache::Clock* clock);
+                                             Backend& backend, const KvPool& pool, ForwardPass& engine,
+                                             kvcache::Clock* clock);
+
+// The CPU backend with its KV pool and forward pass, in destruction order.
+struct CpuModel {
+  std::unique_ptr<CpuBackend> backend;
+  KvPool pool;
+  std::unique_ptr<ForwardPass> forward;  // destroyed before the backend
+  ~CpuModel() { forward.reset(); }
+};
+// Allocates `kv.num_blocks` blocks of `m`'s layout and the forward pass.
+Result<std::unique_ptr<CpuModel>> OpenCpuModel(const LoadedModel& m, const KvOptions& kv, ThreadPool* threads);
 
 }  // namespace strata::cli

@@ -377,5 +377,37 @@ TEST(DiskStoreTest, SecondOpenOfTheSameDirectoryFails) {
   EXPECT_FALSE(second.ok());
 }
 
+// Regions: attaching registers the slab files as one kFile segment of the
+// store's capacity and the bounce buffers as host memory; device memory is
+// refused with an error naming it, nothing queued.
+TEST(DiskStoreTest, AttachRegistersItsStorageAndRefusesDeviceMemory) {
+  TempDir dir;
+  SegmentTable table;
+  auto r = DiskStore::Open(Opts(dir.path(), 16 << 10, 8));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  DiskStore& s = **r;
+  ASSERT_TRUE(s.Attach(&table).ok());
+  ASSERT_EQ(s.own_segments().size(), 2u);
+  const auto file = table.Get(s.own_segments()[0]);
+  const auto bounce = table.Get(s.own_segments()[1]);
+  ASSERT_TRUE(file && bounce);
+  EXPECT_EQ(file->kind, SegmentKind::kFile);
+  EXPECT_EQ(file->size, 8u * (16 << 10));
+  EXPECT_EQ(bounce->kind, SegmentKind::kHost);
+  EXPECT_EQ(bounce->size, 8u * (16 << 10));  // queue_depth slots
+  std::vector<uint8_t> dev(16 << 10);
+  const SegmentId gpu = table.Register(SegmentKind::kDevice, dev.data(), dev.size(), "gpu").value();
+  const Status w = s.SubmitWrite(HashOf(1), Ns(1), Region{gpu, 0, dev.size()}, 1);
+  EXPECT_EQ(w.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w.message().find("gpu"), std::string::npos) << w.ToString();
+  EXPECT_EQ(s.SubmitWrite(HashOf(1), Ns(1), Region{file->id, 0, dev.size()}, 1).code(),
+            StatusCode::kInvalidArgument);
+  std::vector<StoreCompletion> done;
+  s.Drain(&done);
+  EXPECT_TRUE(done.empty());
+  r->reset();  // destroying the store unregisters its segments
+  EXPECT_EQ(table.size(), 1u);
+}
+
 }  // namespace
 }  // namespace strata::kvcache

@@ -126,3 +126,56 @@ TEST(HostStoreTest, MetadataOnly) {
 
 }  // namespace
 }  // namespace strata::kvcache
+
+namespace strata::kvcache {
+namespace {
+
+// Regions: the store registers its arena when attached, refuses regions it
+// cannot reach with an error naming them, and reports evictions as regions
+// of its own arena.
+TEST(HostStoreRegions, AttachRegistersTheArenaAndRefusesWhatItCannotReach) {
+  SegmentTable table;
+  auto s = std::move(HostStore::Create({2 * kBlock, kBlock, false})).value();
+  std::vector<uint8_t> buf(kBlock, 9), dev(kBlock), file_bytes(kBlock);
+  const SegmentId host_seg = table.Register(SegmentKind::kHost, buf.data(), buf.size(), "buf").value();
+  // Not attached: nothing can be resolved.
+  EXPECT_EQ(s->SubmitWrite(H(1), {}, Region{host_seg, 0, kBlock}, 1).code(), StatusCode::kInternal);
+  ASSERT_TRUE(s->Attach(&table).ok());
+  EXPECT_EQ(s->Attach(&table).code(), StatusCode::kInvalidArgument);  // once
+  ASSERT_EQ(s->own_segments().size(), 1u);
+  const auto arena = table.Get(s->own_segments()[0]);
+  ASSERT_TRUE(arena.has_value());
+  EXPECT_EQ(arena->size, 2 * kBlock);
+  EXPECT_EQ(arena->kind, SegmentKind::kHost);
+
+  const SegmentId dev_seg = table.Register(SegmentKind::kDevice, dev.data(), dev.size(), "gpu").value();
+  const SegmentId file_seg = table.Register(SegmentKind::kFile, nullptr, kBlock, "file").value();
+  EXPECT_EQ(s->SubmitWrite(H(1), {}, Region{dev_seg, 0, kBlock}, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->SubmitWrite(H(1), {}, Region{file_seg, 0, kBlock}, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->SubmitWrite(H(1), {}, Region{SegmentId(999), 0, kBlock}, 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(s->SubmitWrite(H(1), {}, Region{host_seg, 0, kBlock / 2}, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->SubmitRead(H(1), Region{host_seg, 0, 0}, 1).code(), StatusCode::kInvalidArgument);
+  std::vector<StoreCompletion> done;
+  EXPECT_EQ(s->Poll(&done), 0u);  // nothing was queued by a refusal
+  EXPECT_FALSE(s->Contains(H(1)));
+
+  // Evictions are reported as regions of the arena, holding the bytes.
+  std::vector<uint8_t> seen;
+  s->SetEvictionListener([&](const BlockHash&, const Region& r) {
+    EXPECT_EQ(r.segment, s->own_segments()[0]);
+    auto bytes = table.Resolve(r);
+    ASSERT_TRUE(bytes.ok());
+    seen.assign(bytes->begin(), bytes->end());
+  });
+  for (int i = 0; i < 3; ++i) {
+    std::fill(buf.begin(), buf.end(), static_cast<uint8_t>(i + 1));
+    ASSERT_TRUE(s->SubmitWrite(H(i), {}, Region{host_seg, 0, kBlock}, i).ok());
+  }
+  EXPECT_EQ(seen, std::vector<uint8_t>(kBlock, 1));  // H(0)'s bytes
+  s->Detach();
+  EXPECT_EQ(s->own_segments().size(), 0u);
+  EXPECT_FALSE(table.Get(arena->id).has_value());
+}
+
+}  // namespace
+}  // namespace strata::kvcache
