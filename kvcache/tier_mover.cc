@@ -10,8 +10,6 @@ namespace strata::kvcache {
 
 namespace {
 
-constexpr size_t kStagingAlign = 4096;  // O_DIRECT
-
 size_t LatencyBucket(int64_t nanos) {
   const double sec = static_cast<double>(nanos) * 1e-9;
   size_t b = 0;
@@ -20,8 +18,6 @@ size_t LatencyBucket(int64_t nanos) {
 }
 
 }  // namespace
-
-void TierMover::AlignedFree::operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(kStagingAlign)); }
 
 Result<std::unique_ptr<TierMover>> TierMover::Create(const KvManagerOptions& options, BlockMemoryFn device_memory,
                                                      std::vector<LowerTier> lowers, BlockPool* pool, Clock* clock,
@@ -104,10 +100,12 @@ Status TierMover::Init() {
     stats_.tiers.push_back(std::move(ts));
     if (t.write_policy == WritePolicy::kWriteBack) any_writeback_ = true;
   }
+  size_t max_staging = 0;
   if (any_writeback_ || !device_host_) {
     const uint64_t bb = std::max<uint64_t>(options_.block_bytes, 1);
-    max_staging_ = std::max<uint64_t>(1, options_.writeback_staging_bytes / bb);
+    max_staging = std::max<uint64_t>(1, options_.writeback_staging_bytes / bb);
   }
+  staging_ = std::make_unique<StagingBuffers>(segments_, options_.block_bytes, max_staging);
   if (any_writeback_) {
     pool_->set_evict_hook([this](BlockId b, const BlockHash& h) { evicted_.emplace_back(b, h); });
     // A tier above a write-back tier passes its own evictions down.
@@ -146,17 +144,13 @@ TierMover::~TierMover() {
     }
     copy_ready_.clear();
   }
-  for (SegmentId id : staging_segments_) (void)segments_->Unregister(id);
+  staging_.reset();  // unregisters the buffers
   for (BlockStore* store : attached_) store->Detach();
 }
 
 Region TierMover::BlockRegion(BlockId id) const {
   if (!IsValid(device_segment_)) return {};
   return {device_segment_, static_cast<uint64_t>(id.value()) * options_.block_bytes, options_.block_bytes};
-}
-
-Region TierMover::StagingRegion(int32_t staging) const {
-  return {staging_segments_[static_cast<size_t>(staging)], 0, options_.block_bytes};
 }
 
 bool TierMover::WorthLoading(const LowerTier& t, size_t blocks) const {
@@ -306,7 +300,7 @@ Status TierMover::SubmitLoad(int tier, BlockId block, const BlockHash& hash, Req
   if (!device_host_) {
     staging = AcquireStaging(/*may_poll=*/false);
     if (staging < 0) return fail(Status::ResourceExhausted("no staging buffer free for a load into device memory"));
-    ++staging_refs_[static_cast<size_t>(staging)];
+    staging_->Ref(staging);
   }
   const uint64_t tag = next_tag_++;
   // The op holds its own reference: the block is not reused while the store
@@ -319,11 +313,11 @@ Status TierMover::SubmitLoad(int tier, BlockId block, const BlockHash& hash, Req
   op.block_index = block_index;
   op.staging = staging;
   ops_.emplace(tag, op);
-  Status s = lowers_[t].store->SubmitRead(hash, staging >= 0 ? StagingRegion(staging) : BlockRegion(block), tag);
+  Status s = lowers_[t].store->SubmitRead(hash, staging >= 0 ? staging_->region(staging) : BlockRegion(block), tag);
   if (!s.ok()) {
     ops_.erase(tag);
     pool_->Release(block);
-    ReleaseStaging(staging);
+    staging_->Release(staging);
     return fail(s);
   }
   return s;
@@ -379,7 +373,7 @@ void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h) {
       ++stats_.tiers[t].writes_failed;
       return;
     }
-    ++staging_refs_[static_cast<size_t>(staging)];
+    staging_->Ref(staging);
   }
   const uint64_t tag = next_tag_++;
   Op op{OpKind::kWrite, tier, block, h, clock_->NowNanos()};
@@ -389,12 +383,12 @@ void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h) {
   ops_.emplace(tag, op);
   writes_in_flight_[t].insert(h);
   ++stats_.tiers[t].writes;
-  Status s = store->SubmitWrite(h, options_.ns, staging >= 0 ? StagingRegion(staging) : BlockRegion(block), tag);
+  Status s = store->SubmitWrite(h, options_.ns, staging >= 0 ? staging_->region(staging) : BlockRegion(block), tag);
   if (!s.ok()) {
     ops_.erase(tag);
     writes_in_flight_[t].erase(h);
     if (op.holds_block) pool_->Release(block);
-    ReleaseStaging(staging);
+    staging_->Release(staging);
     ++stats_.writes_failed;
     ++stats_.tiers[t].writes_failed;
     STRATA_LOG_WARN("kv manager: write to {} not submitted: {}", lowers_[t].name, s.ToString());
@@ -402,31 +396,8 @@ void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h) {
 }
 
 int32_t TierMover::AcquireStaging(bool may_poll) {
-  if (free_staging_.empty() && staging_.size() < max_staging_) {
-    auto* p = static_cast<uint8_t*>(
-        ::operator new[](static_cast<size_t>(options_.block_bytes), std::align_val_t(kStagingAlign)));
-    auto seg = segments_->Register(SegmentKind::kHost, p, options_.block_bytes,
-                                  "staging " + std::to_string(staging_.size()));
-    if (!seg) {  // cannot happen for fresh memory; without a segment the buffer is useless
-      ::operator delete[](p, std::align_val_t(kStagingAlign));
-      STRATA_LOG_WARN("kv manager: staging buffer not registered: {}", seg.error().ToString());
-      return -1;
-    }
-    staging_.emplace_back(p);
-    staging_segments_.push_back(*seg);
-    staging_refs_.push_back(0);
-    free_staging_.push_back(static_cast<int32_t>(staging_.size() - 1));
-  }
-  if (free_staging_.empty() && may_poll) Poll();  // finished write-backs free theirs; never blocks
-  if (free_staging_.empty()) return -1;
-  const int32_t i = free_staging_.back();
-  free_staging_.pop_back();
-  return i;
-}
-
-void TierMover::ReleaseStaging(int32_t staging) {
-  if (staging < 0) return;
-  if (--staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
+  if (staging_->none_free() && may_poll) Poll();  // finished writes free theirs; never blocks
+  return staging_->Acquire();
 }
 
 bool TierMover::AdmitsWriteBack(size_t t, const BlockHash& h) {
@@ -446,9 +417,9 @@ bool TierMover::AdmitsWriteBack(size_t t, const BlockHash& h) {
 int32_t TierMover::StageCopy(const Region& src, bool may_poll) {
   const int32_t staging = AcquireStaging(may_poll);
   if (staging < 0) return -1;
-  if (Status s = copy_->Submit(StagingRegion(staging), src, 0); !s.ok()) {
+  if (Status s = copy_->Submit(staging_->region(staging), src, 0); !s.ok()) {
     STRATA_LOG_WARN("kv manager: staging copy refused: {}", s.ToString());
-    free_staging_.push_back(staging);
+    staging_->PutBack(staging);
     return -1;
   }
   // The caller reuses the source right after (Allocate hands the evicted
@@ -481,10 +452,6 @@ bool TierMover::StageOnce(size_t t, int32_t* staging, const Region& src, bool ma
   return true;
 }
 
-void TierMover::FreeIfUnused(int32_t staging) {
-  if (staging >= 0 && staging_refs_[static_cast<size_t>(staging)] == 0) free_staging_.push_back(staging);
-}
-
 void TierMover::WriteBackEvicted() {
   if (evicted_.empty()) return;
   // Moved out first: Poll (inside AcquireStaging) may complete loads whose
@@ -498,11 +465,11 @@ void TierMover::WriteBackEvicted() {
       Region data;
       if (IsValid(device_segment_)) {
         if (!StageOnce(t, &staging, BlockRegion(block), /*may_poll=*/true)) continue;
-        data = StagingRegion(staging);
+        data = staging_->region(staging);
       }
       SubmitWriteBack(t, block, h, data, staging);
     }
-    FreeIfUnused(staging);  // taken, but every submission failed
+    staging_->PutBack(staging);  // taken, but every submission failed
   }
 }
 
@@ -513,7 +480,7 @@ void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, con
   op.holds_block = false;
   op.staging = staging;
   ops_.emplace(tag, op);
-  if (staging >= 0) ++staging_refs_[static_cast<size_t>(staging)];
+  if (staging >= 0) staging_->Ref(staging);
   writes_in_flight_[t].insert(h);
   ++stats_.tiers[t].writes;
   ++stats_.tiers[t].writebacks;
@@ -521,7 +488,7 @@ void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, con
   if (!s.ok()) {
     ops_.erase(tag);
     writes_in_flight_[t].erase(h);
-    if (staging >= 0) --staging_refs_[static_cast<size_t>(staging)];
+    if (staging >= 0) staging_->Unref(staging);
     ++stats_.writes_failed;
     ++stats_.tiers[t].writes_failed;
     STRATA_LOG_WARN("kv manager: write-back to {} not submitted: {}", lowers_[t].name, s.ToString());
@@ -538,11 +505,11 @@ void TierMover::OnLowerEvicted(size_t from, const BlockHash& h, const Region& da
     if (data.length != 0) {
       // Called from inside the evicting store: no polling here.
       if (!StageOnce(t, &staging, data, /*may_poll=*/false)) continue;
-      src = StagingRegion(staging);
+      src = staging_->region(staging);
     }
     SubmitWriteBack(t, BlockId(), h, src, staging);
   }
-  FreeIfUnused(staging);
+  staging_->PutBack(staging);
 }
 
 void TierMover::Complete(const StoreCompletion& c) {
@@ -550,7 +517,7 @@ void TierMover::Complete(const StoreCompletion& c) {
   if (it == ops_.end()) return;  // not ours
   if (it->second.kind == OpKind::kLoad && it->second.staging >= 0 && c.status.ok() && !draining_) {
     // A staged load's read landed in host memory: now into the device block.
-    Status s = copy_->Submit(BlockRegion(it->second.block), StagingRegion(it->second.staging), c.tag);
+    Status s = copy_->Submit(BlockRegion(it->second.block), staging_->region(it->second.staging), c.tag);
     if (s.ok()) {
       it->second.copying = true;
       return;
@@ -582,7 +549,7 @@ void TierMover::Complete(const StoreCompletion& c) {
     STRATA_LOG_DEBUG("kv manager: write to {} failed: {}", lowers_[t].name, c.status.ToString());
   }
   if (op.holds_block) pool_->Release(op.block);
-  ReleaseStaging(op.staging);
+  staging_->Release(op.staging);
 }
 
 void TierMover::FinishLoad(const Op& op, const Status& status) {
@@ -601,7 +568,7 @@ void TierMover::FinishLoad(const Op& op, const Status& status) {
     ++ts.loads_failed;
     STRATA_LOG_WARN("kv manager: load from {} failed, recomputing: {}", lowers_[t].name, status.ToString());
   }
-  ReleaseStaging(op.staging);
+  staging_->Release(op.staging);
   if (on_load_done_) on_load_done_(LoadDone{op.request, op.epoch, op.block_index, op.tier, status.ok()});
   pool_->Release(op.block);
 }

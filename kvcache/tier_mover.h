@@ -18,15 +18,13 @@
 //              a tier above evicts (its eviction listener), unless the tier
 //              holds it or a write of it is in flight.
 //   staging    an evicted device block is handed out again at once, while a
-//              store may read the source of SubmitWrite until its completion
-//              (O_DIRECT from io_uring); so the mover copies it, through its
-//              CopyEngine and waiting on the copy's fence, into a staging
-//              buffer it owns (4096-aligned, allocated on first use, at most
-//              max(1, writeback_staging_bytes / block_bytes)). One copy serves
-//              every write-back tier; the buffer is free again when its last
-//              write completes. When none is free the mover polls the stores
-//              once (never blocks); if still none, the write-back is dropped
-//              and counted (writebacks_dropped), as after a failed write.
+//              store may read its source until completion (O_DIRECT); so the
+//              mover copies it (copy engine, waiting on the fence) into one
+//              of its StagingBuffers (at most max(1, writeback_staging_bytes
+//              / block_bytes)), shared by every write-back tier. When none is
+//              free the mover polls the stores once (never blocks); if still
+//              none, the write-back is dropped and counted
+//              (writebacks_dropped), as after a failed write.
 //   device     when the device segment is not host-addressable (a GPU), no
 //   memory     store ever sees it: a load reads into a staging buffer, then
 //              the copy engine moves it into the device block, and the load
@@ -43,9 +41,8 @@
 // Ownership: the stores, the pool, the clock and a DeviceKv's table and
 // copy engine are not owned and outlive the mover; the mover registers its
 // staging buffers in that table and attaches the stores to it, and undoes
-// both when destroyed. A block under a load or a write-through holds a pool reference
-// until its completion is handled, so it is not reused while a store may
-// still touch it.
+// both when destroyed. A block under a load or a write-through holds a pool
+// reference until its completion is handled (not reused meanwhile).
 //
 // Thread-safety: none. The owner's thread (the engine loop) calls
 // everything, and the stores are driven from it (BlockStore's rule).
@@ -59,12 +56,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/copy_engine.h"
 #include "common/memory_segment.h"
 #include "common/status.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/clock.h"
-#include "common/copy_engine.h"
 #include "kvcache/kv_types.h"
+#include "kvcache/staging_buffers.h"
 
 namespace strata::kvcache {
 
@@ -177,9 +175,6 @@ class TierMover {
     uint64_t epoch = 0;       // loads
     int32_t block_index = 0;  // loads
   };
-  struct AlignedFree {
-    void operator()(uint8_t* p) const;
-  };
   // An asynchronous lookup walking the chain as LowerHits does: at `pos`,
   // tier `tier` is being asked (question tag `asking`, 0 = none).
   struct Lookup {
@@ -207,7 +202,6 @@ class TierMover {
   bool WorthLoading(const LowerTier& t, size_t blocks) const;
   // Block `id`'s region of the device segment (Region{} when metadata-only).
   Region BlockRegion(BlockId id) const;
-  Region StagingRegion(int32_t staging) const;
   // Writes `block` (named `h`) to tier `tier` unless it is there or on its way.
   void SubmitWrite(int tier, BlockId block, const BlockHash& h);
   void OnLowerEvicted(size_t from, const BlockHash& h, const Region& data);
@@ -217,17 +211,14 @@ class TierMover {
   // The staging copy shared by one block's write-backs (see the top).
   bool StageOnce(size_t t, int32_t* staging, const Region& src, bool may_poll);
   // Copies `src` into a fresh staging buffer and waits for it; -1 when none
-  // is free or the copy failed (logged).
+  // is free or the copy failed (logged). may_poll: poll the stores once when
+  // no buffer is free (never from inside a store's callback).
   int32_t StageCopy(const Region& src, bool may_poll);
+  int32_t AcquireStaging(bool may_poll);
   // Polls the copy engine; completions of staged loads wait in copy_ready_
   // for Poll() (never handled from inside a store's callback).
   void CollectCopies();
   void FinishLoad(const Op& op, const Status& status);
-  void FreeIfUnused(int32_t staging);
-  // may_poll: poll the stores once when no buffer is free (not from inside
-  // a store's callback).
-  int32_t AcquireStaging(bool may_poll);
-  void ReleaseStaging(int32_t staging);
   void Complete(const StoreCompletion& c);
 
   const KvManagerOptions options_;
@@ -261,11 +252,7 @@ class TierMover {
   std::vector<StoreCompletion> completions_;  // reused by Poll
   bool any_writeback_ = false;
   std::vector<std::pair<BlockId, BlockHash>> evicted_;  // by the pool's hook, until WriteBackEvicted
-  size_t max_staging_ = 0;
-  std::vector<std::unique_ptr<uint8_t[], AlignedFree>> staging_;
-  std::vector<SegmentId> staging_segments_;  // staging_[i]'s segment
-  std::vector<int32_t> staging_refs_;        // writes in flight per buffer
-  std::vector<int32_t> free_staging_;
+  std::unique_ptr<StagingBuffers> staging_;  // in segments_; made by Init
 };
 
 }  // namespace strata::kvcache
