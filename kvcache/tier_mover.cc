@@ -135,14 +135,15 @@ TierMover::~TierMover() {
   if (copy_ != nullptr) {
     copy_->Wait(copy_->Fence());
     CollectCopies();
-    for (const auto& c : copy_ready_) {
+    std::vector<CopyCompletion> ready;
+    ready.swap(copy_ready_);
+    for (const auto& c : ready) {
       auto it = ops_.find(c.tag);
-      if (it == ops_.end()) continue;
+      if (it == ops_.end() || !it->second.copying) continue;
       const Op op = it->second;
       ops_.erase(it);
       FinishLoad(op, c.status);
     }
-    copy_ready_.clear();
   }
   staging_.reset();  // unregisters the buffers
   for (BlockStore* store : attached_) store->Detach();
@@ -296,6 +297,7 @@ Status TierMover::SubmitLoad(int tier, BlockId block, const BlockHash& hash, Req
   // Device memory a store cannot address: the store reads into a staging
   // buffer, copied into the block when the read completes (see the top).
   // Never polls here: the owner is in the middle of setting up the request.
+  if (draining_) return fail(Status::Cancelled("the KV manager is shutting down"));
   int32_t staging = -1;
   if (!device_host_) {
     staging = AcquireStaging(/*may_poll=*/false);
@@ -330,18 +332,21 @@ void TierMover::CountLoadHit(int tier) {
 }
 
 void TierMover::OnCommitted(BlockId block, const BlockHash& h) {
+  int32_t staging = -1;  // one staging copy serves every tier (device memory a store cannot address)
   for (size_t t = 0; t < lowers_.size(); ++t) {
     if (lowers_[t].write_policy != WritePolicy::kWriteThrough) continue;
     if (lowers_[t].admit_after == 0) {
-      SubmitWrite(static_cast<int>(t), block, h);
+      SubmitWrite(static_cast<int>(t), block, h, &staging);
     } else {
       ++stats_.tiers[t].admissions_deferred;
     }
   }
+  staging_->PutBack(staging);  // taken, but every submission failed
 }
 
 void TierMover::OnHit(BlockId block, const BlockHash& h, int source) {
   if (lowers_.empty()) return;
+  int32_t staging = -1;  // as in OnCommitted
   uint32_t hits = 0;
   bool counting = false;
   for (const auto& t : lowers_) counting = counting || t.admit_after > 0;
@@ -355,19 +360,23 @@ void TierMover::OnHit(BlockId block, const BlockHash& h, int source) {
     // Above the source: promote (write-through keeps the chain inclusive).
     // Below it (or a device hit): admit once the block was hit often enough.
     const bool promote = source >= 0 && static_cast<int>(t) < source;
-    if (promote || (tier.admit_after > 0 && hits >= tier.admit_after)) SubmitWrite(static_cast<int>(t), block, h);
+    if (promote || (tier.admit_after > 0 && hits >= tier.admit_after))
+      SubmitWrite(static_cast<int>(t), block, h, &staging);
   }
+  staging_->PutBack(staging);
 }
 
-void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h) {
+void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h, int32_t* shared_staging) {
   const size_t t = static_cast<size_t>(tier);
   BlockStore* store = lowers_[t].store;
-  if (writes_in_flight_[t].contains(h) || store->Contains(h)) return;
-  // Device memory a store cannot address: copy the block out first (the
-  // store then reads the staging buffer, and the block need not be held).
+  if (draining_ || writes_in_flight_[t].contains(h) || store->Contains(h)) return;
+  // Device memory a store cannot address: copy the block out first, once
+  // for every tier (the stores then read the staging buffer, and the block
+  // need not be held).
   int32_t staging = -1;
   if (!device_host_) {
-    staging = StageCopy(BlockRegion(block), /*may_poll=*/false);
+    if (*shared_staging < 0) *shared_staging = StageCopy(BlockRegion(block), /*may_poll=*/false);
+    staging = *shared_staging;
     if (staging < 0) {
       ++stats_.writes_failed;
       ++stats_.tiers[t].writes_failed;
@@ -388,7 +397,7 @@ void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h) {
     ops_.erase(tag);
     writes_in_flight_[t].erase(h);
     if (op.holds_block) pool_->Release(block);
-    staging_->Release(staging);
+    if (staging >= 0) staging_->Unref(staging);  // the caller puts it back when unused
     ++stats_.writes_failed;
     ++stats_.tiers[t].writes_failed;
     STRATA_LOG_WARN("kv manager: write to {} not submitted: {}", lowers_[t].name, s.ToString());
@@ -417,16 +426,25 @@ bool TierMover::AdmitsWriteBack(size_t t, const BlockHash& h) {
 int32_t TierMover::StageCopy(const Region& src, bool may_poll) {
   const int32_t staging = AcquireStaging(may_poll);
   if (staging < 0) return -1;
-  if (Status s = copy_->Submit(staging_->region(staging), src, 0); !s.ok()) {
+  const uint64_t tag = next_tag_++;
+  if (Status s = copy_->Submit(staging_->region(staging), src, tag); !s.ok()) {
     STRATA_LOG_WARN("kv manager: staging copy refused: {}", s.ToString());
     staging_->PutBack(staging);
     return -1;
   }
   // The caller reuses the source right after (Allocate hands the evicted
   // block out again; the evicting store overwrites its slot): the copy must
-  // have landed.
+  // have landed, and landed well (else the buffer holds other bytes).
   copy_->Wait(copy_->Fence());
+  staging_copy_ = {tag, Status::Internal("staging copy completion not seen")};
   CollectCopies();
+  const Status got = staging_copy_.status;
+  staging_copy_ = {};
+  if (!got.ok()) {
+    STRATA_LOG_WARN("kv manager: staging copy failed: {}", got.ToString());
+    staging_->PutBack(staging);
+    return -1;
+  }
   return staging;
 }
 
@@ -434,11 +452,12 @@ void TierMover::CollectCopies() {
   copy_done_.clear();
   copy_->Poll(&copy_done_);
   for (auto& c : copy_done_) {
-    if (c.tag != 0) {
+    if (c.tag != 0 && c.tag == staging_copy_.tag) {
+      staging_copy_.status = std::move(c.status);  // the one StageCopy waits for
+    } else if (auto it = ops_.find(c.tag); it != ops_.end() && it->second.copying) {
       copy_ready_.push_back(std::move(c));  // a staged load's, for Poll
-    } else if (!c.status.ok()) {
-      STRATA_LOG_WARN("kv manager: staging copy failed: {}", c.status.ToString());
     }
+    // Else not ours (the engine's other users): dropped.
   }
 }
 

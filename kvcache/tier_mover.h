@@ -87,7 +87,7 @@ class TierMover {
   // deadlines are given in. `on_load_done` is called on the owner's thread
   // from Poll() (which WriteBackEvicted may call when staging runs short)
   // and from the destructor's drain, before the load's block reference is
-  // released.
+  // released (from the drain, loads and writes are refused).
   static Result<std::unique_ptr<TierMover>> Create(const KvManagerOptions& options, DeviceKv device,
                                                    std::vector<LowerTier> lowers, BlockPool* pool, Clock* clock,
                                                    LoadDoneFn on_load_done);
@@ -202,8 +202,10 @@ class TierMover {
   bool WorthLoading(const LowerTier& t, size_t blocks) const;
   // Block `id`'s region of the device segment (Region{} when metadata-only).
   Region BlockRegion(BlockId id) const;
-  // Writes `block` (named `h`) to tier `tier` unless it is there or on its way.
-  void SubmitWrite(int tier, BlockId block, const BlockHash& h);
+  // Writes `block` (named `h`) to tier `tier` unless it is there or on its
+  // way. *shared_staging: the staging copy of the block shared by the
+  // caller's tiers (-1: none yet; the caller puts it back when unused).
+  void SubmitWrite(int tier, BlockId block, const BlockHash& h, int32_t* shared_staging);
   void OnLowerEvicted(size_t from, const BlockHash& h, const Region& data);
   void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data, int32_t staging);
   // Whether tier `t` takes a write-back of `h` now (counts a deferral).
@@ -232,6 +234,7 @@ class TierMover {
   bool device_host_ = true;  // the device segment is host-addressable (or absent)
   std::vector<CopyCompletion> copy_done_;
   std::vector<CopyCompletion> copy_ready_;  // staged loads' copies, for Poll
+  CopyCompletion staging_copy_;             // the copy StageCopy waits for (tag 0: none)
   std::vector<BlockStore*> attached_;       // stores the mover attached
   bool draining_ = false;                   // in the destructor
   std::vector<LowerTier> lowers_;  // names filled in by Init

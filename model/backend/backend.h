@@ -9,7 +9,10 @@
 //                     the transfer engine can name any of it by region.
 //   copy_engine()     moves bytes between the backend's memory and host
 //                     memory registered in segments() (CPU: memcpy; CUDA: a
-//                     copy stream).
+//                     copy stream). A copy submitted after a forward pass
+//                     returned must see that pass's writes to the pool (a
+//                     CUDA backend orders its copy stream after the compute
+//                     stream, e.g. by an event recorded after each forward).
 //   AllocateKvPool    the device KV pool: num_blocks blocks of the block-major
 //                     layout (kv_layout.h), one registered segment, owned by
 //                     the backend. The same pool is handed to the forward pass

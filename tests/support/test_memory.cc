@@ -39,7 +39,12 @@ Region RegionOf(std::span<const uint8_t> bytes, SegmentTable* table) {
   }
   for (auto it = known.begin(); it != known.end();) {
     if (it->first < e && b < it->second.end) {
-      (void)table->Unregister(it->second.id);
+      // Only if the id still names that range (a new table at a dead one's
+      // address may have given the id to other memory).
+      const auto seg = table->Get(it->second.id);
+      if (seg && reinterpret_cast<uintptr_t>(seg->base) == it->first &&
+          reinterpret_cast<uintptr_t>(seg->base) + seg->size == it->second.end)
+        (void)table->Unregister(it->second.id);
       it = known.erase(it);
     } else {
       ++it;
@@ -57,7 +62,7 @@ Region RegionOf(std::span<const uint8_t> bytes, SegmentTable* table) {
 
 void AttachToTestSegments(kvcache::BlockStore* store) {
   if (store->Attach(&TestSegments()).ok()) return;
-  auto& known = Known(&TestSegments());
+  auto& known = Known(&TestSegments());  // (TestSegments is never destroyed: its ids are its own)
   for (const auto& [base, r] : known) (void)TestSegments().Unregister(r.id);
   known.clear();
   if (!store->Attach(&TestSegments()).ok()) __builtin_trap();

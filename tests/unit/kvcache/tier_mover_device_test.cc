@@ -39,7 +39,8 @@ class DeferredDeviceCopy final : public CopyEngine {
     STRATA_RETURN_IF_ERROR(t_->Check(dst));
     STRATA_RETURN_IF_ERROR(t_->Check(src));
     if (dst.length != src.length) return Status::InvalidArgument("lengths differ");
-    pending_.push_back({dst, src, tag, ++submitted_});
+    pending_.push_back({dst, src, tag, ++submitted_, fail_next});
+    fail_next = false;
     return Status::Ok();
   }
   CopyFence Fence() override { return {submitted_}; }
@@ -57,19 +58,22 @@ class DeferredDeviceCopy final : public CopyEngine {
     while (!pending_.empty()) RunOne();
   }
   size_t pending() const { return pending_.size(); }
+  uint64_t submitted() const { return submitted_; }
+  bool fail_next = false;  // the next copy submitted completes with an error, copying nothing
 
  private:
   struct Job {
     Region dst, src;
     uint64_t tag, seq;
+    bool fail;
   };
   uint8_t* At(const Region& r) const { return t_->Get(r.segment)->base + r.offset; }
   void RunOne() {
     const Job j = pending_.front();
     pending_.pop_front();
-    std::memcpy(At(j.dst), At(j.src), j.dst.length);
+    if (!j.fail) std::memcpy(At(j.dst), At(j.src), j.dst.length);
     completed_ = j.seq;
-    done_.push_back({j.tag, Status::Ok()});
+    done_.push_back({j.tag, j.fail ? Status::IoError("copy", "fake GPU", EIO) : Status::Ok()});
   }
   const SegmentTable* t_;
   std::deque<Job> pending_;
@@ -78,9 +82,10 @@ class DeferredDeviceCopy final : public CopyEngine {
 };
 
 struct DeviceRig {
-  explicit DeviceRig(uint64_t staging_bytes = 64ull << 20)
+  explicit DeviceRig(uint64_t staging_bytes = 64ull << 20, bool two_tiers = false)
       : pool(kDeviceBlocks), device(kDeviceBlocks * kBlockBytes, 0), copy(&table) {
     store = std::move(HostStore::Create({16 * kBlockBytes, kBlockBytes, false})).value();
+    store2 = std::move(HostStore::Create({16 * kBlockBytes, kBlockBytes, false})).value();
     segment = table.Register(SegmentKind::kDevice, device.data(), device.size(), "fake GPU KV pool").value();
     KvManagerOptions o;
     o.block_size = kBs;
@@ -92,7 +97,13 @@ struct DeviceRig {
     LowerTier t;
     t.store = store.get();
     t.name = "host";
-    auto m = TierMover::Create(o, DeviceKv{&table, segment, &copy}, {t}, &pool, &clock,
+    std::vector<LowerTier> tiers = {t};
+    if (two_tiers) {
+      t.store = store2.get();
+      t.name = "host2";
+      tiers.push_back(t);
+    }
+    auto m = TierMover::Create(o, DeviceKv{&table, segment, &copy}, tiers, &pool, &clock,
                                [this](const LoadDone& d) { done.push_back(d); });
     EXPECT_TRUE(m.ok()) << m.error().ToString();
     mover = std::move(m).value();
@@ -113,7 +124,7 @@ struct DeviceRig {
   SegmentTable table;
   DeferredDeviceCopy copy;
   SegmentId segment;
-  std::unique_ptr<HostStore> store;
+  std::unique_ptr<HostStore> store, store2;
   std::vector<LoadDone> done;
   std::unique_ptr<TierMover> mover;  // destroyed first
 };
@@ -226,6 +237,57 @@ TEST(TierMoverDevice, DestroyedWithStagedLoadsInFlightReportsThemAndUnregisters)
   EXPECT_EQ(r.pool.ref(b), 1);
   EXPECT_EQ(r.table.size(), before - 1);  // staging unregistered, the store detached (its arena)
   EXPECT_EQ(r.store->segments(), nullptr);
+}
+
+TEST(TierMoverDevice, OneStagingCopyServesEveryWriteThroughTier) {
+  DeviceRig r(64ull << 20, /*two_tiers=*/true);
+  const BlockId b = r.Fresh();
+  std::fill_n(r.device.begin() + b.value() * kBlockBytes, kBlockBytes, 0x44);
+  ASSERT_TRUE(r.pool.Register(b, Hash(3)));
+  r.mover->OnCommitted(b, Hash(3));
+  EXPECT_EQ(r.copy.submitted(), 1u);
+  while (r.mover->ops_in_flight() > 0) r.mover->Poll();
+  EXPECT_TRUE(r.store->Contains(Hash(3)));
+  EXPECT_TRUE(r.store2->Contains(Hash(3)));
+}
+
+TEST(TierMoverDevice, AFailedStagingCopyStoresNothing) {
+  DeviceRig r;
+  const BlockId b = r.Fresh();
+  std::fill_n(r.device.begin() + b.value() * kBlockBytes, kBlockBytes, 0x55);
+  ASSERT_TRUE(r.pool.Register(b, Hash(4)));
+  r.copy.fail_next = true;  // the staging buffer would keep other bytes
+  r.mover->OnCommitted(b, Hash(4));
+  while (r.mover->ops_in_flight() > 0) r.mover->Poll();
+  EXPECT_FALSE(r.store->Contains(Hash(4)));
+  KvManagerStats s;
+  r.mover->FillStats(&s);
+  EXPECT_EQ(s.tiers[0].writes_failed, 1u);
+  EXPECT_EQ(s.bytes_down, 0u);
+  // The buffer went back: the next commit is staged and stored.
+  r.mover->OnCommitted(b, Hash(4));
+  while (r.mover->ops_in_flight() > 0) r.mover->Poll();
+  EXPECT_TRUE(r.store->Contains(Hash(4)));
+}
+
+TEST(TierMoverDevice, ACopyOfAnotherUserOfTheEngineIsIgnored) {
+  DeviceRig r;
+  r.Stored(Hash(1), 0x66);
+  const BlockId b = r.Fresh(), other = r.Fresh();
+  ASSERT_TRUE(r.mover->SubmitLoad(0, b, Hash(1), RequestId(1), 1, 0).ok());
+  r.mover->Poll();
+  // Someone else copies between device blocks on the same engine, with
+  // tags the mover never gave out and one it did (1: the load's).
+  const Region src{r.segment, b.value() * kBlockBytes, kBlockBytes};
+  const Region dst{r.segment, other.value() * kBlockBytes, kBlockBytes};
+  for (uint64_t tag : {uint64_t{999}, uint64_t{1}}) ASSERT_TRUE(r.copy.Submit(dst, src, tag).ok());
+  r.copy.RunPending();
+  r.mover->Poll();
+  ASSERT_EQ(r.done.size(), 1u);  // the load finished once
+  EXPECT_TRUE(r.done[0].ok);
+  EXPECT_EQ(r.At(b), 0x66);
+  EXPECT_EQ(r.mover->ops_in_flight(), 0u);
+  EXPECT_EQ(r.pool.ref(b), 1);
 }
 
 }  // namespace
