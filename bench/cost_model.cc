@@ -23,34 +23,6 @@ double* CostField(CostModel& m, int i) {
 
 }  // namespace
 
-double CostModel::StepSeconds(std::span<const ForwardSeq> batch) const {
-  if (batch.empty()) return 0;
-  double prefill_tokens = 0, prefill_attn = 0, decode_seqs = 0, decode_ctx = 0;
-  bool any_prefill = false, any_decode = false;
-  for (const ForwardSeq& s : batch) {
-    const double t = static_cast<double>(s.tokens.size());
-    if (s.tokens.size() <= 1) {
-      any_decode = true;
-      decode_seqs += 1;
-      decode_ctx += static_cast<double>(s.start_pos) + 1;
-    } else {
-      any_prefill = true;
-      prefill_tokens += t;
-      prefill_attn += t * (static_cast<double>(s.start_pos) + t / 2);
-    }
-  }
-  double fixed = 0, sec = 0;
-  if (any_prefill) {
-    fixed = std::max(fixed, a);
-    sec += b * prefill_tokens + c * prefill_attn;
-  }
-  if (any_decode) {
-    fixed = std::max(fixed, d);
-    sec += e * decode_seqs + f * decode_ctx;
-  }
-  return fixed + sec;
-}
-
 Result<CostModel> LoadCostModel(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -163,13 +135,10 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
   if (n < 1 || n > 4096) return Status::InvalidArgument(origin + ": instances must be in [1, 4096]");
   out.instances = static_cast<int>(n);
   STRATA_ASSIGN_OR_RETURN(std::string routing, cfg.GetString("routing", "round-robin"));
-  if (routing == "round-robin") {
-    out.routing = Routing::kRoundRobin;
-  } else if (routing == "longest-prefix") {
-    out.routing = Routing::kLongestPrefix;
-  } else {
-    return Status::InvalidArgument(origin + ": routing '" + routing + "' (round-robin, longest-prefix)");
-  }
+  const auto policy = scheduler::RoutingPolicyFromName(routing);
+  if (!policy)
+    return Status::InvalidArgument(origin + ": routing '" + routing + "' (" + scheduler::RoutingPolicyNames() + ")");
+  out.routing = *policy;
 
   STRATA_ASSIGN_OR_RETURN(std::string profile, cfg.GetString("instance.profile", "cpu-bench-110m"));
   auto base = ProfileInstance(profile);

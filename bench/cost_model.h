@@ -1,17 +1,8 @@
 #pragma once
-// The simulator's cost of one engine step (one batched forward pass), and the
-// cluster file (`strata bench simulate --cluster FILE.yaml`) that names it.
-//
-// Step cost, in seconds, for a batch of prefill chunks and decode tokens:
-//   prefill part = a + b * T + c * sum over chunks of (t * ctx)
-//       T = prompt tokens in the step; a chunk of t tokens starting at
-//       position p has ctx = p + t / 2 (the mean context each of its tokens
-//       attends to)
-//   decode part  = d + e * B + f * sum over decode sequences of context
-//       B = decode sequences (one token each); context = positions attended
-//   step = max(a, d) + (prefill part - a) + (decode part - d), each part only
-//   when present (one forward pass pays one fixed overhead).
-// A one-token "chunk" (the last prompt token) counts as decode.
+// The simulator's instances and the cluster file (`strata bench simulate
+// --cluster FILE.yaml`): the step cost model itself and the routing
+// policies are scheduler/router.h's (no I/O there); this file reads them
+// from files and names the profiles.
 //
 // Profiles (docs/simulator.md explains where each number comes from):
 //   "cpu-bench-110m"  fitted to docs/PERFORMANCE.md (bench-110m f32, 2
@@ -28,21 +19,12 @@
 
 #include "common/config.h"
 #include "common/status.h"
-#include "model/forward.h"
+#include "scheduler/router.h"
 
 namespace strata::bench {
 
-struct CostModel {
-  double a = 0, b = 0, c = 0;  // prefill: fixed s, s per token, s per token x context
-  double d = 0, e = 0, f = 0;  // decode: fixed s, s per sequence, s per context position
-
-  // Seconds for one forward pass over `batch` (ForwardSeq as the engine
-  // builds it: tokens, start_pos). 0 for an empty batch.
-  double StepSeconds(std::span<const ForwardSeq> batch) const;
-  // Prompt tokens per second of a long prefill at short context (1 / b), for
-  // the KV manager's "load or recompute" estimate; 0 when b is 0.
-  double recompute_tokens_per_s() const { return b > 0 ? 1.0 / b : 0.0; }
-};
+using scheduler::CostModel;
+using Routing = scheduler::RoutingPolicy;
 
 // Reads {"a":..,"b":..,"c":..,"d":..,"e":..,"f":..} (missing keys are 0;
 // negative values are an error). Errors name the file.
@@ -70,8 +52,6 @@ struct InstanceConfig {
 
   uint64_t block_bytes() const { return kv_bytes_per_token * static_cast<uint64_t>(block_size); }
 };
-
-enum class Routing { kRoundRobin, kLongestPrefix };
 
 struct ClusterConfig {
   int instances = 1;

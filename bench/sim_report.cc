@@ -85,7 +85,7 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
                   {"slo_ttft_s", o.slo_ttft_s},
                   {"slo_tpot_s", o.slo_tpot_s}};
   j["cluster"] = {{"instances", o.cluster.instances},
-                  {"routing", o.cluster.routing == Routing::kRoundRobin ? "round-robin" : "longest-prefix"},
+                  {"routing", std::string(scheduler::RoutingPolicyName(o.cluster.routing))},
                   {"profile", ic.profile},
                   {"model", ic.model},
                   {"kv_bytes_per_token", ic.kv_bytes_per_token},
@@ -136,7 +136,7 @@ std::string SimReportText(const SimOptions& o, const SimResult& r, const std::st
   const InstanceConfig& ic = o.cluster.instance;
   std::string s;
   s += "cluster: " + std::to_string(o.cluster.instances) + " x " + ic.profile + " (" + ic.model + "), routing " +
-       (o.cluster.routing == Routing::kRoundRobin ? "round-robin" : "longest-prefix") + ", device " +
+       (std::string(scheduler::RoutingPolicyName(o.cluster.routing))) + ", device " +
        (o.unlimited_cache ? std::string("unlimited") : Gib(ic.device_bytes)) + ", host " + Gib(ic.host_bytes) +
        ", disk " + Gib(ic.disk_bytes) + (o.serial ? ", serial" : "") +
        (o.concurrency > 0 ? ", closed loop of " + std::to_string(o.concurrency) + " users" : "") + "\n";

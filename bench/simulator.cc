@@ -278,7 +278,8 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     const int64_t start = n > 0 ? pend[0].release_ns : 0;
     for (int k = 0; k < o.concurrency; ++k) slots.insert(start);
   }
-  size_t rr = 0;
+  scheduler::Router router(o.cluster.routing);
+  std::vector<scheduler::RouteCandidate> candidates;
   auto advance_to = [&](int64_t t) {
     const int64_t now = clock.NowNanos();
     if (t > now) clock.Advance(t - now);
@@ -290,24 +291,19 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     SimRequestRecord& rec = res.records[i];
     rec.arrival_s = static_cast<double>(clock.NowNanos()) * 1e-9;
     ScaledRequest sr = ScaleRequest(r, o.tokens_per_hash_id, o.vocab_size, o.first_id);
-    size_t target = rr % inst.size();
-    if (o.cluster.routing == Routing::kLongestPrefix && inst.size() > 1) {
+    candidates.assign(inst.size(), scheduler::RouteCandidate{});
+    for (size_t j = 0; j < inst.size(); ++j) candidates[j].unfinished = inst[j].unfinished;
+    if (router.needs_cached_tokens() && inst.size() > 1) {
       // Match caps at prompt - 1 tokens; one token more lets the whole
       // prompt count, so a repeated prompt goes where all of it is.
       sr.prompt.push_back(o.first_id);
-      int32_t best = -1;
-      for (size_t k = 0; k < inst.size(); ++k) {
-        const size_t j = (rr + k) % inst.size();
+      for (size_t j = 0; j < inst.size(); ++j) {
         inst[j].kv->Poll();
-        const int32_t m = inst[j].kv->Match(sr.prompt, "").total();
-        if (m > best || (m == best && inst[j].unfinished < inst[target].unfinished)) {
-          best = m;
-          target = j;
-        }
+        candidates[j].cached_tokens = inst[j].kv->Match(sr.prompt, "").total();
       }
       sr.prompt.pop_back();
     }
-    ++rr;
+    const size_t target = router.Pick(candidates);
     Instance& in = inst[target];
     rec.instance = static_cast<int>(target);
     if (ideal[i] == r.hash_ids.size()) {

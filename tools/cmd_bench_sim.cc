@@ -123,7 +123,7 @@ int RunSimulate(const SimFlags& f) {
   }
   if (f.instances > 0) o.cluster.instances = f.instances;
   if (!f.routing.empty()) {
-    o.cluster.routing = f.routing == "longest-prefix" ? bench::Routing::kLongestPrefix : bench::Routing::kRoundRobin;
+    o.cluster.routing = scheduler::RoutingPolicyFromName(f.routing).value();  // IsMember checked the name
   }
   for (auto [text, flag, field] : {std::tuple{&f.device_bytes, "--device-bytes", &o.cluster.instance.device_bytes},
                                    std::tuple{&f.host_bytes, "--host-bytes", &o.cluster.instance.host_bytes},
@@ -297,7 +297,8 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
       ->excludes("--cluster");
   sim->add_option("--instances", f->instances, "override the cluster's instance count")->check(CLI::Range(1, 4096));
   sim->add_option("--routing", f->routing, "override the cluster's routing")
-      ->check(CLI::IsMember({"round-robin", "longest-prefix"}));
+      ->check(CLI::IsMember({std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kRoundRobin)),
+                             std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kLongestPrefix))}));
   sim->add_option("--device-bytes", f->device_bytes, "override each instance's device KV pool (e.g. 40G)");
   sim->add_option("--host-bytes", f->host_bytes, "override each instance's host tier (0 = none)");
   sim->add_option("--disk-bytes", f->disk_bytes, "override each instance's disk tier (0 = none)");

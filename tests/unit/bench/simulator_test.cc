@@ -229,26 +229,6 @@ TEST(SimulatorTest, ClosedLoopKeepsAtMostNInFlightAndIgnoresTimestamps) {
   EXPECT_FALSE(Simulate(head, o).ok());
 }
 
-TEST(SimulatorTest, StepCostFormula) {
-  const CostModel m{1, 2, 3, 10, 20, 30};
-  std::vector<int32_t> chunk(4, 7), one(1, 7);
-  std::vector<ForwardSeq> batch(1);
-  batch[0].tokens = chunk;
-  batch[0].start_pos = 6;
-  // a + b*4 + c*4*(6 + 2)
-  EXPECT_DOUBLE_EQ(m.StepSeconds(batch), 1 + 8 + 96);
-  batch[0].tokens = one;
-  batch[0].start_pos = 9;
-  // d + e + f*10
-  EXPECT_DOUBLE_EQ(m.StepSeconds(batch), 10 + 20 + 300);
-  batch.push_back(batch[0]);
-  batch[1].tokens = chunk;
-  batch[1].start_pos = 0;
-  // max(a, d) + b*4 + c*4*2 + e + f*10
-  EXPECT_DOUBLE_EQ(m.StepSeconds(batch), 10 + 8 + 24 + 20 + 300);
-  EXPECT_EQ(m.StepSeconds({}), 0.0);
-}
-
 TEST(SimulatorTest, PercentileInterpolatesBetweenClosestRanks) {
   EXPECT_EQ(Percentile({}, 50), 0.0);
   EXPECT_DOUBLE_EQ(Percentile({3}, 99), 3.0);

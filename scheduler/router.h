@@ -1,0 +1,80 @@
+#pragma once
+// Routing logic with no I/O, where a router can use it: the cost of one
+// engine step (a batched forward pass) and the policies that pick the
+// instance a request goes to. The simulator (bench/simulator.h) calls it
+// today; the KV-aware router (a later issue) builds on it. Reading cost
+// files and cluster files stays with the simulator's command (bench/).
+//
+// Thread-safety: CostModel and the name functions are pure; a Router is
+// used by one thread (it keeps the round-robin turn).
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "model/backend/backend.h"
+
+namespace strata::scheduler {
+
+// Step cost, in seconds, for a batch of prefill chunks and decode tokens:
+//   prefill part = a + b * T + c * sum over chunks of (t * ctx)
+//       T = prompt tokens in the step; a chunk of t tokens starting at
+//       position p has ctx = p + t / 2 (the mean context each of its tokens
+//       attends to)
+//   decode part  = d + e * B + f * sum over decode sequences of context
+//       B = decode sequences (one token each); context = positions attended
+//   step = max(a, d) + (prefill part - a) + (decode part - d), each part only
+//   when present (one forward pass pays one fixed overhead).
+// A one-token "chunk" (the last prompt token) counts as decode.
+struct CostModel {
+  double a = 0, b = 0, c = 0;  // prefill: fixed s, s per token, s per token x context
+  double d = 0, e = 0, f = 0;  // decode: fixed s, s per sequence, s per context position
+
+  // Seconds for one forward pass over `batch` (ForwardSeq as the engine
+  // builds it: tokens, start_pos). 0 for an empty batch.
+  double StepSeconds(std::span<const ForwardSeq> batch) const;
+  // Prompt tokens per second of a long prefill at short context (1 / b), for
+  // the KV manager's "load or recompute" estimate; 0 when b is 0.
+  double recompute_tokens_per_s() const { return b > 0 ? 1.0 / b : 0.0; }
+};
+
+enum class RoutingPolicy {
+  kRoundRobin,     // "round-robin": instances in turn
+  kLongestPrefix,  // "longest-prefix": where most of the prompt is cached
+};
+
+// The one table of policy names (config files, flags, reports).
+std::string_view RoutingPolicyName(RoutingPolicy p);
+std::optional<RoutingPolicy> RoutingPolicyFromName(std::string_view name);
+// "round-robin, longest-prefix", for error messages.
+std::string RoutingPolicyNames();
+
+// What the router knows about one instance when a request arrives.
+struct RouteCandidate {
+  int32_t cached_tokens = 0;  // prompt tokens the instance holds (any tier); longest-prefix only
+  int unfinished = 0;         // requests it has not finished
+};
+
+class Router {
+ public:
+  explicit Router(RoutingPolicy policy) : policy_(policy) {}
+  RoutingPolicy policy() const { return policy_; }
+  // Whether Pick reads cached_tokens (else the caller need not ask the
+  // instances' caches).
+  bool needs_cached_tokens() const { return policy_ == RoutingPolicy::kLongestPrefix; }
+
+  // The index of the instance for the next request. round-robin: in turn.
+  // longest-prefix: the most cached tokens; a tie goes to the fewer
+  // unfinished requests, then to the first in turn order. Every call
+  // advances the turn. REQUIRES: candidates not empty.
+  size_t Pick(std::span<const RouteCandidate> candidates);
+
+ private:
+  RoutingPolicy policy_;
+  size_t turn_ = 0;
+};
+
+}  // namespace strata::scheduler
