@@ -322,7 +322,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     auto sink = [&in, i](scheduler::RequestOutput&& out) {
       if (!out.finished && out.completion_tokens != static_cast<int32_t>(out.token_ids.size())) return;
       in.events.push_back(Event{i, out.finished, out.status.ok(), out.completion_tokens, out.cached_tokens,
-                                std::move(out.cached_tokens_by_tier), std::move(out.finish_reason)});
+                                std::move(out.cached_tokens_by_tier), std::string(FinishReasonName(out.finish_reason))});
     };
     auto id = in.engine->Submit(std::move(er), std::move(sink));
     if (!id.ok()) {

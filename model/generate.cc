@@ -135,7 +135,7 @@ Result<GenerateOutput> GenerateWithKv(ForwardPass& engine, const Tokenizer& toke
   out.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
   std::vector<int32_t> history(prompt.begin(), prompt.end());
-  out.finish_reason = "length";
+  out.finish_reason = FinishReason::kLength;
   for (int step = 0; step < max_tokens; ++step) {
     SampleResult r = sampler.Sample(logits.data());
     out.tokens.push_back(r.token);
@@ -145,12 +145,12 @@ Result<GenerateOutput> GenerateWithKv(ForwardPass& engine, const Tokenizer& toke
     bool stop_id = std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), r.token) !=
                    options.stop_token_ids.end();
     if (eog || stop_id) {
-      out.finish_reason = "stop";
+      out.finish_reason = FinishReason::kStop;
       break;
     }
     emit(stop.Push(decoder.Push(r.token)));
     if (stop.stopped()) {
-      out.finish_reason = "stop";
+      out.finish_reason = FinishReason::kStop;
       break;
     }
     if (step + 1 == max_tokens) break;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/finish_reason.h"
 #include "model/forward.h"
 #include "model/sampler.h"
 #include "model/tokenizer/tokenizer.h"
@@ -29,7 +30,7 @@ struct GenerateOptions {
 struct GenerateOutput {
   std::vector<int32_t> tokens;       // generated ids (a stop token is included, a stop string's tokens too)
   std::string text;                  // detokenized, cut before a stop string, without the EOS text
-  std::string finish_reason;         // "stop" | "length"
+  FinishReason finish_reason = FinishReason::kNone;  // kStop | kLength
   std::vector<SampleResult> samples; // per generated token: logprob and top alternatives
   double prefill_seconds = 0;
   double decode_seconds = 0;

@@ -205,16 +205,16 @@ void Engine::TakeInbox() {
   for (RequestId id : cancels) {
     auto it = seqs_.find(id.value());
     if (it == seqs_.end()) continue;
-    Finish(*it->second, "abort", Status::Cancelled("request cancelled"));
+    Finish(*it->second, FinishReason::kAbort, Status::Cancelled("request cancelled"));
   }
   const int64_t now = clock_->NowNanos();
   std::vector<Sequence*> late;
   for (auto& [_, s] : seqs_)
     if (s->req.deadline_nanos > 0 && now >= s->req.deadline_nanos) late.push_back(s.get());
-  for (Sequence* s : late) Finish(*s, "abort", Status::DeadlineExceeded("the request's deadline passed"));
+  for (Sequence* s : late) Finish(*s, FinishReason::kAbort, Status::DeadlineExceeded("the request's deadline passed"));
 }
 
-void Engine::Emit(Sequence& s, bool finished, const std::string& reason, const Status& status) {
+void Engine::Emit(Sequence& s, bool finished, FinishReason reason, const Status& status) {
   RequestOutput out;
   out.id = s.id;
   out.token_ids.swap(s.new_tokens);
@@ -232,7 +232,7 @@ void Engine::Emit(Sequence& s, bool finished, const std::string& reason, const S
   s.sink(std::move(out));
 }
 
-void Engine::Finish(Sequence& s, const std::string& reason, Status status) {
+void Engine::Finish(Sequence& s, FinishReason reason, Status status) {
   if (s.lookup != 0) kv_->CancelLookup(s.lookup);
   s.lookup = 0;
   if (s.in_kv) kv_->Free(s.id);
@@ -242,14 +242,14 @@ void Engine::Finish(Sequence& s, const std::string& reason, Status status) {
   s.loading = false;
   RemoveWaiting(&s);
   running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
-  if ((reason == "stop" || reason == "length") && !s.stop.stopped()) {
+  if ((reason == FinishReason::kStop || reason == FinishReason::kLength) && !s.stop.stopped()) {
     s.new_text += s.stop.Push(s.decoder.Flush());
     s.new_text += s.stop.Flush();
   }
   s.timings.finished = clock_->NowNanos();
   if (s.timings.first_token > 0)
     s.timings.decode_seconds = static_cast<double>(s.timings.finished - s.timings.first_token) * 1e-9;
-  ++finished_by_reason_[reason];
+  ++finished_by_reason_[std::string(FinishReasonName(reason))];
   Emit(s, /*finished=*/true, reason, status);
   seqs_.erase(s.id.value());  // destroys s
   std::lock_guard<std::mutex> lock(mu_);
@@ -276,7 +276,7 @@ bool Engine::EnsureBlocks(Sequence& s, int32_t positions, std::vector<Planned>* 
   while (true) {
     auto r = kv_->Allocate(s.id, positions);
     if (!r) {
-      Finish(s, "error", r.error());
+      Finish(s, FinishReason::kError, r.error());
       return false;
     }
     if (*r == kvcache::AllocOutcome::kAllocated) return true;
@@ -323,7 +323,7 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
         head_needs_blocks_ = true;
       }
       if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt, &s->match); !a.ok()) {
-        Finish(*s, "error", a);
+        Finish(*s, FinishReason::kError, a);
         any = true;
         continue;
       }
@@ -335,7 +335,7 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
     while (r && *r == kvcache::AllocOutcome::kNotNow && DropPrefetch(s)) r = kv_->Allocate(s->id, start + chunk);
     if (!r || *r == kvcache::AllocOutcome::kNotNow) {
       if (!r) {
-        Finish(*s, "error", r.error());
+        Finish(*s, FinishReason::kError, r.error());
         any = true;
         continue;
       }
@@ -467,11 +467,11 @@ void Engine::AfterToken(Sequence& s, const float* logits) {
   const bool eog = !s.req.ignore_eos && tokenizer_->IsEog(r.token);
   const bool stop_id =
       std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), r.token) != s.req.stop_token_ids.end();
-  if (eog || stop_id) return Finish(s, "stop", Status::Ok());
+  if (eog || stop_id) return Finish(s, FinishReason::kStop, Status::Ok());
   s.new_text += s.stop.Push(s.decoder.Push(r.token));
-  if (s.stop.stopped()) return Finish(s, "stop", Status::Ok());
-  if (s.generated >= s.req.max_tokens) return Finish(s, "length", Status::Ok());
-  Emit(s, /*finished=*/false, "", Status::Ok());
+  if (s.stop.stopped()) return Finish(s, FinishReason::kStop, Status::Ok());
+  if (s.generated >= s.req.max_tokens) return Finish(s, FinishReason::kLength, Status::Ok());
+  Emit(s, /*finished=*/false, FinishReason::kNone, Status::Ok());
 }
 
 Result<bool> Engine::Step() {
@@ -545,7 +545,7 @@ Result<bool> Engine::Step() {
   }
   if (!st.ok()) {
     STRATA_LOG_ERROR("engine: forward pass over {} sequences failed: {}", plan.size(), st.ToString());
-    for (const Planned& p : plan) Finish(*p.seq, "error", st);
+    for (const Planned& p : plan) Finish(*p.seq, FinishReason::kError, st);
     RefreshStats();
     return st;
   }
@@ -642,7 +642,7 @@ void Engine::AbortAll(const Status& why) {
   TakeInbox();
   std::vector<Sequence*> all;
   for (auto& [_, s] : seqs_) all.push_back(s.get());
-  for (Sequence* s : all) Finish(*s, "abort", why);
+  for (Sequence* s : all) Finish(*s, FinishReason::kAbort, why);
   kv_->Poll();
   RefreshStats();
 }

@@ -150,10 +150,11 @@ struct RequestOutput {
   std::string text;                     // final text since the last event (stop strings cut, EOS not shown)
   std::vector<SampleResult> logprobs;   // one per token in token_ids when sampling.logprobs / top_logprobs
   bool finished = false;
-  // "stop" (EOS, stop id or stop string), "length" (max_tokens),
-  // "abort" (cancelled, deadline, engine stopping), "error" (see status).
-  std::string finish_reason;
-  Status status;                        // the error for "error"/"abort", else OK
+  // kStop (EOS, stop id or stop string), kLength (max_tokens), kAbort
+  // (cancelled, deadline, engine stopping), kError (see status); kNone
+  // until finished.
+  FinishReason finish_reason = FinishReason::kNone;
+  Status status;                        // the error for kError / kAbort, else OK
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;        // generated so far (all events)
   // Prompt tokens whose KV came from cache, and the split by tier:
@@ -269,8 +270,8 @@ class Engine {
   void TakeInbox();
   void AddWaiting(Sequence* s);
   void RemoveWaiting(Sequence* s);
-  void Finish(Sequence& s, const std::string& reason, Status status);
-  void Emit(Sequence& s, bool finished, const std::string& reason, const Status& status);
+  void Finish(Sequence& s, FinishReason reason, Status status);
+  void Emit(Sequence& s, bool finished, FinishReason reason, const Status& status);
   // Grows the sequence's block table to `positions`, preempting others (or
   // the sequence itself) when the pool is short. False when `s` was preempted.
   bool EnsureBlocks(Sequence& s, int32_t positions, std::vector<Planned>* plan);

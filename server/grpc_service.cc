@@ -395,7 +395,7 @@ class GrpcService final : public pb::Strata::Service {
         }
         if (!ev.finished) continue;
         --unfinished;
-        if (ev.finish_reason == "error") {
+        if (ev.finish_reason == FinishReason::kError) {
           call->Cancel();
           STRATA_LOG_ERROR("grpc: generation failed: {}", ev.status.ToString());
           return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -403,7 +403,7 @@ class GrpcService final : public pb::Strata::Service {
         }
         msg.Clear();
         msg.mutable_finished()->set_index(choice);
-        msg.mutable_finished()->set_finish_reason(ev.finish_reason);
+        msg.mutable_finished()->set_finish_reason(std::string(FinishReasonName(ev.finish_reason)));
         if (!writer->Write(msg)) return broken();
       }
       batch.clear();

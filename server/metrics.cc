@@ -208,7 +208,8 @@ void ServerMetrics::OnEvent(const scheduler::RequestOutput& ev) {
   if (!ev.finished) return;
 
   requests_state_.erase(ev.id.value());
-  requests_->Add({{"finish_reason", ev.finish_reason.empty() ? "unknown" : ev.finish_reason}})
+  requests_->Add({{"finish_reason", ev.finish_reason == FinishReason::kNone ? std::string("unknown")
+                                                                    : std::string(FinishReasonName(ev.finish_reason))}})
       .Increment();
   if (t.finished > 0 && t.finished >= t.arrival) e2e_->Observe(Seconds(t.finished - t.arrival));
   // Clock time 0 is a valid instant (virtual clocks), so "it ran" is judged

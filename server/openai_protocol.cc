@@ -724,7 +724,10 @@ json CompletionLogprobsJson(std::span<const LogprobEntry> entries, int64_t text_
 }
 
 namespace {
-json FinishReason(const std::string& r) { return r.empty() ? json(nullptr) : json(r); }
+// The one place a finish reason becomes OpenAI's JSON (null while unfinished).
+json FinishReasonJson(FinishReason r) {
+  return r == FinishReason::kNone ? json(nullptr) : json(std::string(FinishReasonName(r)));
+}
 
 json Envelope(const std::string& id, const char* object, int64_t created,
               const std::string& model) {
@@ -740,7 +743,7 @@ std::string ChatCompletionBody(const std::string& id, int64_t created, const std
     cs.push_back({{"index", c.index},
                   {"message", {{"role", "assistant"}, {"content", c.text}}},
                   {"logprobs", c.logprobs},
-                  {"finish_reason", FinishReason(c.finish_reason)}});
+                  {"finish_reason", FinishReasonJson(c.finish_reason)}});
   }
   j["choices"] = std::move(cs);
   j["usage"] = UsageJson(usage);
@@ -755,7 +758,7 @@ std::string CompletionBody(const std::string& id, int64_t created, const std::st
     cs.push_back({{"index", c.index},
                   {"text", c.text},
                   {"logprobs", c.logprobs},
-                  {"finish_reason", FinishReason(c.finish_reason)}});
+                  {"finish_reason", FinishReasonJson(c.finish_reason)}});
   }
   j["choices"] = std::move(cs);
   j["usage"] = UsageJson(usage);
@@ -767,7 +770,7 @@ std::string SseData(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 std::string ChatChunk(const std::string& id, int64_t created, const std::string& model, int index,
                       const std::optional<std::string>& role,
                       const std::optional<std::string>& content, const json& logprobs,
-                      const std::string& finish_reason, bool with_usage_null) {
+                      FinishReason finish_reason, bool with_usage_null) {
   json j = Envelope(id, "chat.completion.chunk", created, model);
   json delta = json::object();
   if (role) delta["role"] = *role;
@@ -775,19 +778,19 @@ std::string ChatChunk(const std::string& id, int64_t created, const std::string&
   j["choices"] = json::array({{{"index", index},
                                {"delta", delta},
                                {"logprobs", logprobs},
-                               {"finish_reason", FinishReason(finish_reason)}}});
+                               {"finish_reason", FinishReasonJson(finish_reason)}}});
   if (with_usage_null) j["usage"] = nullptr;
   return SseData(j);
 }
 
 std::string CompletionChunk(const std::string& id, int64_t created, const std::string& model,
                             int index, const std::string& text, const json& logprobs,
-                            const std::string& finish_reason, bool with_usage_null) {
+                            FinishReason finish_reason, bool with_usage_null) {
   json j = Envelope(id, "text_completion", created, model);
   j["choices"] = json::array({{{"index", index},
                                {"text", text},
                                {"logprobs", logprobs},
-                               {"finish_reason", FinishReason(finish_reason)}}});
+                               {"finish_reason", FinishReasonJson(finish_reason)}}});
   if (with_usage_null) j["usage"] = nullptr;
   return SseData(j);
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kvcache/tier_kind.h"
+#include "model/finish_reason.h"
 #include "model/sampler.h"
 #include "model/tokenizer/tokenizer.h"
 #include "server/api_types.h"
@@ -85,7 +86,7 @@ nlohmann::json CompletionLogprobsJson(std::span<const LogprobEntry> entries, int
 struct ChoiceOutput {
   int index = 0;
   std::string text;           // chat: message content; completions: text (echo already prepended)
-  std::string finish_reason;  // "stop" | "length" | ...
+  FinishReason finish_reason = FinishReason::kNone;  // rendered as OpenAI's string (null for kNone)
   nlohmann::json logprobs;    // null when not asked
 };
 
@@ -101,15 +102,15 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 
 // Streaming chunks (already framed as SSE). `role`: set on a choice's first
 // chunk ("assistant"); `content` absent leaves it out of the delta;
-// `finish_reason` empty = null. `with_usage_null` adds "usage": null (what
+// `finish_reason` kNone = null. `with_usage_null` adds "usage": null (what
 // OpenAI sends on every chunk when include_usage is set).
 std::string ChatChunk(const std::string& id, int64_t created, const std::string& model, int index,
                       const std::optional<std::string>& role,
                       const std::optional<std::string>& content, const nlohmann::json& logprobs,
-                      const std::string& finish_reason, bool with_usage_null);
+                      FinishReason finish_reason, bool with_usage_null);
 std::string CompletionChunk(const std::string& id, int64_t created, const std::string& model,
                             int index, const std::string& text, const nlohmann::json& logprobs,
-                            const std::string& finish_reason, bool with_usage_null);
+                            FinishReason finish_reason, bool with_usage_null);
 // The last chunk when include_usage: "choices": [] and the usage.
 std::string UsageChunk(ApiKind kind, const std::string& id, int64_t created,
                        const std::string& model, const Usage& usage);

@@ -91,7 +91,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     std::string text;
     std::vector<int32_t> ids;
     std::vector<SampleResult> samples;
-    std::string finish_reason;
+    FinishReason finish_reason = FinishReason::kNone;
     bool finished = false;
     bool sent_first = false;  // streaming: role (chat) / echo (completions) chunk written
     int64_t text_offset = 0;  // completions logprobs: bytes returned so far
@@ -120,7 +120,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
       if (ev.finished) c.finished = true;
       return false;
     }
-    if (ev.finished && (ev.finish_reason == "error" || ev.finish_reason == "abort")) {
+    if (ev.finished && (ev.finish_reason == FinishReason::kError || ev.finish_reason == FinishReason::kAbort)) {
       c.finished = true;
       Fail(ev);
       return true;
@@ -129,13 +129,13 @@ class Generation : public std::enable_shared_from_this<Generation> {
                               : CollectEvent(c, std::move(ev));
   }
 
-  // A choice ended with "error" or "abort": the whole response fails.
+  // A choice ended with kError or kAbort: the whole response fails.
   void Fail(const scheduler::RequestOutput& ev) {
     done_ = true;
     finish_reason_ = ev.finish_reason;
     LogFields();
     if (w_->closed()) return;  // the client left (that is what cancelled it)
-    ApiError e = ev.finish_reason == "error"
+    ApiError e = ev.finish_reason == FinishReason::kError
                      ? ApiError::Internal("generation failed: " + ev.status.message())
                      : ApiError::Unavailable(
                            "the request was aborted: " +
@@ -201,9 +201,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
       c.sent_first = true;
       if (chat()) {
         write(ChatChunk(id_, created_, model, index, std::string("assistant"), std::string(),
-                        nullptr, "", usage_null));
+                        nullptr, FinishReason::kNone, usage_null));
       } else if (req_.params.echo) {
-        write(CompletionChunk(id_, created_, model, index, req_.prompt_text, nullptr, "",
+        write(CompletionChunk(id_, created_, model, index, req_.prompt_text, nullptr, FinishReason::kNone,
                               usage_null));
       }
     }
@@ -221,9 +221,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
         }
       }
       write(chat()
-                ? ChatChunk(id_, created_, model, index, std::nullopt, ev.text, logprobs, "",
+                ? ChatChunk(id_, created_, model, index, std::nullopt, ev.text, logprobs, FinishReason::kNone,
                             usage_null)
-                : CompletionChunk(id_, created_, model, index, ev.text, logprobs, "", usage_null));
+                : CompletionChunk(id_, created_, model, index, ev.text, logprobs, FinishReason::kNone, usage_null));
     }
     if (ev.finished) {
       c.finished = true;
@@ -246,7 +246,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     if (!ok) {
       // The client is gone: stop generating for it.
       done_ = true;
-      finish_reason_ = "abort";
+      finish_reason_ = FinishReason::kAbort;
       LogFields();
       return true;
     }
@@ -273,7 +273,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
       std::snprintf(buf, sizeof(buf), "%.1f", ttft_ms_);
       w_->AddLogField("ttft_ms", buf);
     }
-    w_->AddLogField("finish_reason", finish_reason_);
+    w_->AddLogField("finish_reason", std::string(FinishReasonName(finish_reason_)));
   }
 
   const Frontend& fe_;
@@ -291,7 +291,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int32_t cached_tokens_ = 0;
   std::vector<int32_t> cached_by_tier_;
   double ttft_ms_ = -1;
-  std::string finish_reason_;
+  FinishReason finish_reason_ = FinishReason::kNone;
 
   // Separate from mu_ so that OnClose never waits for an event in progress.
   std::mutex call_mu_;

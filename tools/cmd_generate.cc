@@ -180,7 +180,7 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
   if (!out) return Fail(out.error());
   if (!f.json) {
     std::fputc('\n', stdout);
-    STRATA_LOG_INFO("finish_reason={} prompt {} tok in {:.1f} ms, {} generated in {:.1f} ms", out->finish_reason,
+    STRATA_LOG_INFO("finish_reason={} prompt {} tok in {:.1f} ms, {} generated in {:.1f} ms", FinishReasonName(out->finish_reason),
                     prompt.size(), out->prefill_seconds * 1e3, out->tokens.size(), out->decode_seconds * 1e3);
     return 0;
   }
@@ -189,7 +189,7 @@ int Run(CLI::App* cmd, GenerateFlags& f) {
   j["prompt_tokens"] = prompt;
   j["tokens"] = out->tokens;
   j["text"] = out->text;
-  j["finish_reason"] = out->finish_reason;
+  j["finish_reason"] = std::string(FinishReasonName(out->finish_reason));
   if (cached) {
     j["cached_tokens"] = cached_out.cached_tokens;
     nlohmann::json cache = {{"device_hit_tokens", 0}, {"host_hit_tokens", 0}, {"disk_hit_tokens", 0}};

@@ -223,7 +223,7 @@ TEST_F(GrpcTest, GenerateStreamsTheTokensOfGreedyGenerate) {
   ASSERT_EQ(s.tokens.size(), 1u);
   EXPECT_EQ(s.tokens[0], ref->tokens);
   EXPECT_EQ(s.text[0], ref->text);
-  EXPECT_EQ(s.finish_reason[0], ref->finish_reason);
+  EXPECT_EQ(s.finish_reason[0], FinishReasonName(ref->finish_reason));
   EXPECT_GE(s.messages.size(), 3u);  // at least one delta, finished, usage
   ASSERT_TRUE(s.usage_last);
   EXPECT_EQ(s.usage.prompt_tokens(), static_cast<int32_t>(prompt.size()));

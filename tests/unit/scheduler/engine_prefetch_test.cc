@@ -88,7 +88,7 @@ class EnginePrefetchTest : public ::testing::Test {
       c->cached_by_tier = ev.cached_tokens_by_tier;
       if (ev.finished) {
         c->finished = true;
-        c->reason = ev.finish_reason;
+        c->reason = std::string(FinishReasonName(ev.finish_reason));
       }
     });
     EXPECT_TRUE(id.ok()) << id.error().ToString();

@@ -187,7 +187,7 @@ class EnginePressureTest : public ::testing::Test {
       t->tokens.insert(t->tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
       if (ev.finished) {
         ++t->final_events;
-        t->reason = ev.finish_reason;
+        t->reason = std::string(FinishReasonName(ev.finish_reason));
         t->status = ev.status;
         t->cached_tokens = ev.cached_tokens;
         t->cached_by_tier = ev.cached_tokens_by_tier;

@@ -93,7 +93,7 @@ class EngineTest : public ::testing::Test {
       c->text += ev.text;
       if (ev.finished) {
         c->finished = true;
-        c->reason = ev.finish_reason;
+        c->reason = std::string(FinishReasonName(ev.finish_reason));
         c->status = ev.status;
       }
       c->events.push_back(std::move(ev));

@@ -63,7 +63,7 @@ struct Collector {
       t.insert(t.end(), ev.token_ids.begin(), ev.token_ids.end());
       text[choice] += ev.text;
       if (ev.finished) {
-        reason[choice] = ev.finish_reason;
+        reason[choice] = std::string(FinishReasonName(ev.finish_reason));
         ++finished;
         cv.notify_all();
       }

@@ -119,7 +119,7 @@ void FeedRequests(ServerMetrics& m) {
   e3.timings.prefill_seconds = 0.5;
   e3.timings.decode_seconds = 0.6;
   e3.finished = true;
-  e3.finish_reason = "stop";
+  e3.finish_reason = FinishReason::kStop;
   EXPECT_EQ(m.tracked_requests(), 1u);
   m.OnEvent(e3);
 
@@ -127,7 +127,7 @@ void FeedRequests(ServerMetrics& m) {
   a.timings.arrival = 3 * kSec;
   a.timings.finished = 3 * kSec + kSec / 4;
   a.finished = true;
-  a.finish_reason = "abort";
+  a.finish_reason = FinishReason::kAbort;
   m.OnEvent(a);
 }
 

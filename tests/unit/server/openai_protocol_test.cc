@@ -425,10 +425,10 @@ TEST(OpenAiProtocol, UsageAlwaysHasCachedTokensByTier) {
 TEST(OpenAiProtocol, NonStreamingBodies) {
   std::vector<ChoiceOutput> choices(2);
   choices[0].text = "hello";
-  choices[0].finish_reason = "stop";
+  choices[0].finish_reason = FinishReason::kStop;
   choices[1].index = 1;
   choices[1].text = "bad \xff utf8";  // must not throw
-  choices[1].finish_reason = "length";
+  choices[1].finish_reason = FinishReason::kLength;
   json chat = json::parse(ChatCompletionBody("chatcmpl-abc", 123, "m", choices, SomeUsage()));
   EXPECT_EQ(chat["id"], "chatcmpl-abc");
   EXPECT_EQ(chat["object"], "chat.completion");
@@ -458,25 +458,25 @@ json ParseSse(const std::string& event) {
 
 TEST(OpenAiProtocol, StreamingChunks) {
   json first = ParseSse(
-      ChatChunk("c1", 9, "m", 0, std::string("assistant"), std::string(), nullptr, "", false));
+      ChatChunk("c1", 9, "m", 0, std::string("assistant"), std::string(), nullptr, FinishReason::kNone, false));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"], (json{{"role", "assistant"}, {"content", ""}}));
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
   EXPECT_FALSE(first.contains("usage"));
 
   json mid =
-      ParseSse(ChatChunk("c1", 9, "m", 1, std::nullopt, std::string("lo"), nullptr, "", true));
+      ParseSse(ChatChunk("c1", 9, "m", 1, std::nullopt, std::string("lo"), nullptr, FinishReason::kNone, true));
   EXPECT_EQ(mid["choices"][0]["index"], 1);
   EXPECT_EQ(mid["choices"][0]["delta"], (json{{"content", "lo"}}));
   EXPECT_TRUE(mid.contains("usage"));
   EXPECT_TRUE(mid["usage"].is_null());
 
   json last =
-      ParseSse(ChatChunk("c1", 9, "m", 0, std::nullopt, std::nullopt, nullptr, "stop", false));
+      ParseSse(ChatChunk("c1", 9, "m", 0, std::nullopt, std::nullopt, nullptr, FinishReason::kStop, false));
   EXPECT_EQ(last["choices"][0]["delta"], json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
 
-  json comp = ParseSse(CompletionChunk("x", 9, "m", 0, "text", nullptr, "length", false));
+  json comp = ParseSse(CompletionChunk("x", 9, "m", 0, "text", nullptr, FinishReason::kLength, false));
   EXPECT_EQ(comp["object"], "text_completion");
   EXPECT_EQ(comp["choices"][0]["text"], "text");
   EXPECT_EQ(comp["choices"][0]["finish_reason"], "length");
