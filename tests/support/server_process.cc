@@ -90,17 +90,53 @@ std::optional<int64_t> ProcStatusKb(pid_t pid, const char* field) {
 
 // ---- ServerProcess ----------------------------------------------------------
 
+RoleOptions ServeRole() {
+  RoleOptions r;
+  r.zero_port_flags = {"--port", "--grpc-port"};
+  r.port_file_flag = "--port-file";
+  r.host_flag = true;
+  r.ready_path = "/health";
+  return r;
+}
+
 Result<std::unique_ptr<ServerProcess>> ServerProcess::Start(const std::vector<std::string>& args,
                                                             const ServerStartOptions& options) {
+  return StartRole("serve", args, ServeRole(), options);
+}
+
+int ServerProcess::port(const std::string& name) const {
+  for (const auto& [k, v] : ports_)
+    if (k == name) return v;
+  return 0;
+}
+
+Result<std::unique_ptr<ServerProcess>> ServerProcess::StartRole(const std::string& subcommand,
+                                                                const std::vector<std::string>& args,
+                                                                const RoleOptions& role,
+                                                                const ServerStartOptions& options) {
   std::unique_ptr<ServerProcess> p(new ServerProcess());
-  p->dir_ = MakeTempDir("strata-serve-");
+  p->dir_ = MakeTempDir("strata-role-");
   const std::string port_file = p->dir_ + "/ports.json";
   const std::string binary = options.binary.empty() ? StrataCli() : options.binary;
 
-  std::vector<std::string> argv_s = {binary, "serve"};
+  std::vector<std::string> argv_s = {binary};
+  {
+    std::istringstream words(subcommand);
+    for (std::string w; words >> w;) argv_s.push_back(w);
+  }
   argv_s.insert(argv_s.end(), args.begin(), args.end());
-  for (const char* a : {"--host", "127.0.0.1", "--port", "0", "--grpc-port", "0", "--port-file"}) argv_s.push_back(a);
-  argv_s.push_back(port_file);
+  if (role.host_flag) {
+    argv_s.push_back("--host");
+    argv_s.push_back("127.0.0.1");
+  }
+  for (const auto& flag : role.zero_port_flags) {
+    argv_s.push_back(flag);
+    argv_s.push_back("0");
+  }
+  if (!role.port_file_flag.empty()) {
+    argv_s.push_back(role.port_file_flag);
+    argv_s.push_back(port_file);
+  }
 
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -139,17 +175,17 @@ Result<std::unique_ptr<ServerProcess>> ServerProcess::Start(const std::vector<st
   auto fail = [&](const std::string& why) -> Status {
     std::string cmd;
     for (const auto& a : argv_s) cmd += (cmd.empty() ? "" : " ") + a;
-    return Status::Unavailable("strata serve did not become ready: " + why + "\ncommand: " + cmd +
-                               "\n--- server stderr (tail) ---\n" + p->stderr_tail(6000));
+    return Status::Unavailable("strata " + subcommand + " did not become ready: " + why + "\ncommand: " + cmd +
+                               "\n--- stderr (tail) ---\n" + p->stderr_tail(6000));
   };
   auto exited = [&]() -> std::string {
-    return "the server exited with code " + std::to_string(p->exit_code_) + " before it was ready";
+    return "it exited with code " + std::to_string(p->exit_code_) + " before it was ready";
   };
 
   const auto t0 = Clock::now();
-  // 1. The port file: {"http": P, "grpc": G}, written once both listen. It
-  // may be seen half-written, so parse errors are retried.
-  while (true) {
+  // 1. The port file: {"http": P, "grpc": G, ...}, written once the role
+  // listens. It may be seen half-written, so parse errors are retried.
+  while (!role.port_file_flag.empty()) {
     if (p->Reap(false)) return fail(exited());
     if (SecondsSince(t0) > options.ready_timeout_seconds) {
       return fail("no port file " + port_file + " after " + std::to_string(options.ready_timeout_seconds) + " s");
@@ -157,23 +193,26 @@ Result<std::unique_ptr<ServerProcess>> ServerProcess::Start(const std::vector<st
     std::string text = ReadFile(port_file);
     if (!text.empty()) {
       auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("http") && j["http"].is_number_integer() && j["http"].get<int>() > 0) {
-        p->http_port_ = j["http"].get<int>();
-        p->grpc_port_ = j.contains("grpc") && j["grpc"].is_number_integer() ? j["grpc"].get<int>() : 0;
+      if (j.is_object() && !j.empty()) {
+        for (const auto& [k, v] : j.items())
+          if (v.is_number_integer()) p->ports_.emplace_back(k, v.get<int>());
+        p->http_port_ = p->port("http");
+        p->grpc_port_ = p->port("grpc");
         break;
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // 2. /health: 503 while the model loads, then 200.
+  // 2. The ready path (serve: /health, 503 while the model loads, then 200).
   std::string last;
-  while (true) {
+  while (!role.ready_path.empty()) {
     if (p->Reap(false)) return fail(exited());
     if (SecondsSince(t0) > options.ready_timeout_seconds) {
-      return fail("GET /health was not 200 after " + std::to_string(options.ready_timeout_seconds) +
+      return fail("GET " + role.ready_path + " was not 200 after " + std::to_string(options.ready_timeout_seconds) +
                   " s; last answer: " + last);
     }
-    SimpleHttpResponse r = SimpleHttp(p->http_port_, "GET", "/health", "", {}, 5);
+    if (p->http_port_ <= 0) return fail("the port file has no \"http\" port for " + role.ready_path);
+    SimpleHttpResponse r = SimpleHttp(p->http_port_, "GET", role.ready_path, "", {}, 5);
     if (r.status == 200) break;
     last = r.status == 0 ? r.error : std::to_string(r.status) + " " + r.body.substr(0, 200);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

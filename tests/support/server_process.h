@@ -1,6 +1,10 @@
 #pragma once
-// Runs `strata serve` as a child process for end-to-end tests: picks free
-// ports (--port 0 --grpc-port 0 --port-file), waits until GET /health is 200,
+// Runs a `strata` subcommand as a child process for end-to-end tests: any
+// role (StartRole: its port flags get 0 so it picks free ports, its port
+// file is read, readiness is an HTTP path answering 200, or none), and
+// `strata serve` with its defaults (Start: --port 0 --grpc-port 0
+// --port-file, GET /health 200). Multi-process tests start several roles
+// the same way. Also waits until GET /health is 200,
 // reads the child's resident memory, stops it with SIGTERM and checks its
 // exit code. Also small helpers to read Prometheus text.
 //
@@ -24,6 +28,23 @@
 
 namespace strata::testing {
 
+// How StartRole runs a subcommand.
+struct RoleOptions {
+  // Flags given "0" so the child picks free ports and reports them in its
+  // port file (serve: --port, --grpc-port).
+  std::vector<std::string> zero_port_flags;
+  // The flag naming the port file ({"NAME": PORT, ...}); empty: none, and
+  // no ports are read.
+  std::string port_file_flag;
+  // Adds "--host 127.0.0.1".
+  bool host_flag = false;
+  // Ready when GET of this path on the port file's "http" port is 200;
+  // empty: ready once the port file is read (or at once without one).
+  std::string ready_path;
+};
+// `strata serve`'s: --port, --grpc-port, --port-file, --host, /health.
+RoleOptions ServeRole();
+
 struct ServerStartOptions {
   // How long to wait for the port file and then for /health to be 200.
   double ready_timeout_seconds = 120;
@@ -42,6 +63,12 @@ class ServerProcess {
   // stderr so a test failure shows why.
   static Result<std::unique_ptr<ServerProcess>> Start(const std::vector<std::string>& args,
                                                       const ServerStartOptions& options = {});
+  // Starts `<binary> <subcommand...> <args...>` plus what `role` adds (its
+  // port flags with 0, --host, the port file), then waits as `role` says.
+  // `subcommand` may be several words ("bench run"). Errors as Start's.
+  static Result<std::unique_ptr<ServerProcess>> StartRole(const std::string& subcommand,
+                                                          const std::vector<std::string>& args, const RoleOptions& role,
+                                                          const ServerStartOptions& options = {});
 
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
@@ -50,6 +77,8 @@ class ServerProcess {
 
   int http_port() const { return http_port_; }
   int grpc_port() const { return grpc_port_; }
+  // A port from the port file by its key ("http", "grpc", ...); 0 if absent.
+  int port(const std::string& name) const;
   pid_t pid() const { return pid_; }
   // "http://127.0.0.1:PORT" (no trailing slash).
   std::string base_url() const;
@@ -88,6 +117,7 @@ class ServerProcess {
   int exit_code_ = -1;
   int http_port_ = 0;
   int grpc_port_ = 0;
+  std::vector<std::pair<std::string, int>> ports_;  // the port file's integer fields
   std::string dir_;  // port file, stdout and stderr captures
 };
 

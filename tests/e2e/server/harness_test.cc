@@ -1,7 +1,8 @@
 // The serving tests' harness itself (tests/support/server_process.h): a
 // server that cannot start is a clear error carrying its stderr, a running
-// one reports ports, RSS and liveness, SIGTERM gives its exit code, and the
-// Prometheus text helpers read labelled samples exactly.
+// one reports ports, RSS and liveness, SIGTERM gives its exit code, any
+// subcommand can be started with its own ports, and the Prometheus text
+// helpers read labelled samples exactly.
 
 #include <gtest/gtest.h>
 
@@ -52,6 +53,32 @@ TEST(ServerHarness, ReportsPortsMemoryAndExitCode) {
   EXPECT_FALSE(server->alive());
   EXPECT_FALSE(server->RssBytes().has_value());
   EXPECT_FALSE(server->Stop(1)) << "a second Stop must say the process is gone";
+}
+
+// Any subcommand: a role that listens gets free ports and its port file is
+// read (two at once never collide); one that does not listen just runs, and
+// its exit code and output are there.
+TEST(ServerHarness, StartsAnySubcommandWithItsOwnPorts) {
+  auto model = testing::TinyModelPath();
+  ASSERT_TRUE(model) << model.error().ToString();
+  auto a = testing::ServerProcess::StartRole("serve", {"--model", *model}, testing::ServeRole());
+  ASSERT_TRUE(a) << a.error().ToString();
+  auto b = testing::ServerProcess::StartRole("serve", {"--model", *model}, testing::ServeRole());
+  ASSERT_TRUE(b) << b.error().ToString();
+  EXPECT_EQ((*a)->port("http"), (*a)->http_port());
+  EXPECT_EQ((*a)->port("grpc"), (*a)->grpc_port());
+  EXPECT_EQ((*a)->port("no-such-port"), 0);
+  EXPECT_NE((*a)->http_port(), (*b)->http_port());
+  EXPECT_EQ(testing::SimpleHttp((*b)->http_port(), "GET", "/health").status, 200);
+  EXPECT_EQ(*(*a)->Stop(60), 0);
+  EXPECT_EQ(*(*b)->Stop(60), 0);
+
+  auto info = testing::ServerProcess::StartRole("model info", {*model, "--json"}, testing::RoleOptions{});
+  ASSERT_TRUE(info) << info.error().ToString();
+  auto code = (*info)->Wait(60);
+  ASSERT_TRUE(code) << code.error().ToString();
+  EXPECT_EQ(*code, 0) << (*info)->stderr_tail();
+  EXPECT_NE((*info)->stdout_text().find("llama"), std::string::npos) << (*info)->stdout_text();
 }
 
 TEST(ServerHarness, PrometheusTextHelpers) {
