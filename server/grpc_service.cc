@@ -21,6 +21,7 @@
 #include "model/tokenizer/unicode.h"
 #include "proto/strata.grpc.pb.h"
 #include "proto/strata.pb.h"
+#include "server/usage.h"
 
 namespace strata::server {
 
@@ -323,28 +324,18 @@ class GrpcService final : public pb::Strata::Service {
     };
     if (auto err = frontend_.Start(prepared, on_event, &call)) return ToGrpc(*err, ctx);
 
-    // Usage as HTTP counts it: the prompt and its cache hits once (choice 0),
-    // completion tokens summed over choices. Logged however the call ends.
+    // Usage as HTTP counts it (server/usage.h). Logged however the call ends.
+    const int n = prepared.params.n;
     struct Totals {
       CallLog* log;
-      int32_t prompt = 0, cached = 0;
-      std::vector<int32_t> by_tier, completion;
-      double ttft_ms = -1;
-      explicit Totals(CallLog* l) : log(l) {}
-      int32_t completion_sum() const {
-        int32_t sum = 0;
-        for (int32_t c : completion) sum += c;
-        return sum;
-      }
+      UsageTally usage;
       ~Totals() {
-        log->Add("prompt_tokens", std::to_string(prompt));
-        log->Add("cached_tokens", std::to_string(cached));
-        log->Add("completion_tokens", std::to_string(completion_sum()));
-        if (ttft_ms >= 0) log->Add("ttft_ms", fmt::format("{:.1f}", ttft_ms));
+        log->Add("prompt_tokens", std::to_string(usage.prompt_tokens()));
+        log->Add("cached_tokens", std::to_string(usage.cached_tokens()));
+        log->Add("completion_tokens", std::to_string(usage.completion_tokens()));
+        if (usage.ttft_ms() >= 0) log->Add("ttft_ms", fmt::format("{:.1f}", usage.ttft_ms()));
       }
-    } totals(log);
-    const int n = prepared.params.n;
-    totals.completion.assign(static_cast<size_t>(n), 0);
+    } totals{log, UsageTally(n)};
 
     const auto broken = [&call] {
       call->Cancel();
@@ -367,14 +358,7 @@ class GrpcService final : public pb::Strata::Service {
       }
       for (auto& [choice, ev] : batch) {
         if (choice < 0 || choice >= n) continue;
-        totals.completion[static_cast<size_t>(choice)] = ev.completion_tokens;
-        if (choice == 0) {
-          totals.prompt = ev.prompt_tokens;
-          totals.cached = ev.cached_tokens;
-          totals.by_tier = ev.cached_tokens_by_tier;
-          if (totals.ttft_ms < 0 && ev.timings.first_token > 0)
-            totals.ttft_ms = static_cast<double>(ev.timings.first_token - ev.timings.arrival) / 1e6;
-        }
+        totals.usage.Add(choice, ev);
         if (!ev.token_ids.empty() || !ev.text.empty()) {
           msg.Clear();
           pb::Delta* d = msg.mutable_delta();
@@ -410,14 +394,14 @@ class GrpcService final : public pb::Strata::Service {
     }
     msg.Clear();
     pb::Usage* usage = msg.mutable_usage();
-    usage->set_prompt_tokens(totals.prompt);
-    usage->set_completion_tokens(totals.completion_sum());
-    usage->set_total_tokens(totals.prompt + totals.completion_sum());
-    usage->set_cached_tokens(totals.cached);
+    const Usage u = totals.usage.Make(frontend_.engine().tier_kinds());
+    usage->set_prompt_tokens(static_cast<int32_t>(u.prompt_tokens));
+    usage->set_completion_tokens(static_cast<int32_t>(u.completion_tokens));
+    usage->set_total_tokens(static_cast<int32_t>(u.prompt_tokens + u.completion_tokens));
+    usage->set_cached_tokens(static_cast<int32_t>(u.cached_tokens));
     pb::CachedTokensByTier* by_tier = usage->mutable_cached_tokens_by_tier();  // also when all 0
-    const std::vector<kvcache::TierKind>& tier_kinds = frontend_.engine().tier_kinds();
-    for (size_t t = 0; t < totals.by_tier.size() && t < tier_kinds.size(); ++t)
-      AddTier(by_tier, tier_kinds[t], totals.by_tier[t]);
+    for (size_t k = 0; k < kvcache::kNumTierKinds; ++k)
+      AddTier(by_tier, static_cast<kvcache::TierKind>(k), static_cast<int32_t>(u.cached_by_kind[k]));
     if (!writer->Write(msg)) return broken();
     return grpc::Status::OK;
   }

@@ -9,6 +9,7 @@
 
 #include "common/logging.h"
 #include "server/openai_protocol.h"
+#include "server/usage.h"
 
 namespace strata::server {
 
@@ -44,7 +45,12 @@ class Generation : public std::enable_shared_from_this<Generation> {
  public:
   Generation(const Frontend& fe, std::shared_ptr<ResponseWriter> w, PreparedRequest req,
              std::string id, int64_t created)
-      : fe_(fe), w_(std::move(w)), req_(std::move(req)), id_(std::move(id)), created_(created) {
+      : fe_(fe),
+        w_(std::move(w)),
+        req_(std::move(req)),
+        id_(std::move(id)),
+        created_(created),
+        usage_(req_.params.n) {
     choices_.resize(static_cast<size_t>(req_.params.n));
     unfinished_ = req_.params.n;
     const bool chat = req_.params.kind == ApiKind::kChat;
@@ -95,7 +101,6 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool finished = false;
     bool sent_first = false;  // streaming: role (chat) / echo (completions) chunk written
     int64_t text_offset = 0;  // completions logprobs: bytes returned so far
-    int32_t completion_tokens = 0;
   };
 
   bool chat() const { return req_.params.kind == ApiKind::kChat; }
@@ -108,14 +113,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     if (index < 0 || index >= static_cast<int>(choices_.size())) return false;
     Choice& c = choices_[static_cast<size_t>(index)];
     if (c.finished) return false;
-    prompt_tokens_ = ev.prompt_tokens;
-    c.completion_tokens = ev.completion_tokens;
-    if (index == 0) {
-      cached_tokens_ = ev.cached_tokens;
-      cached_by_tier_ = ev.cached_tokens_by_tier;
-      if (ev.timings.first_token > 0)
-        ttft_ms_ = static_cast<double>(ev.timings.first_token - ev.timings.arrival) / 1e6;
-    }
+    usage_.Add(index, ev);
     if (done_) {
       if (ev.finished) c.finished = true;
       return false;
@@ -253,24 +251,15 @@ class Generation : public std::enable_shared_from_this<Generation> {
     return false;
   }
 
-  Usage MakeUsage() const {
-    Usage u;
-    u.prompt_tokens = prompt_tokens_;
-    for (const Choice& c : choices_) u.completion_tokens += c.completion_tokens;
-    u.cached_tokens = cached_tokens_;
-    AddCachedByTier(cached_by_tier_, fe_.engine().tier_kinds(), &u);
-    return u;
-  }
+  Usage MakeUsage() const { return usage_.Make(fe_.engine().tier_kinds()); }
 
   void LogFields() {
-    int64_t completion = 0;
-    for (const Choice& c : choices_) completion += c.completion_tokens;
-    w_->AddLogField("prompt_tokens", std::to_string(prompt_tokens_));
-    w_->AddLogField("cached_tokens", std::to_string(cached_tokens_));
-    w_->AddLogField("completion_tokens", std::to_string(completion));
-    if (ttft_ms_ >= 0) {
+    w_->AddLogField("prompt_tokens", std::to_string(usage_.prompt_tokens()));
+    w_->AddLogField("cached_tokens", std::to_string(usage_.cached_tokens()));
+    w_->AddLogField("completion_tokens", std::to_string(usage_.completion_tokens()));
+    if (usage_.ttft_ms() >= 0) {
       char buf[32];
-      std::snprintf(buf, sizeof(buf), "%.1f", ttft_ms_);
+      std::snprintf(buf, sizeof(buf), "%.1f", usage_.ttft_ms());
       w_->AddLogField("ttft_ms", buf);
     }
     w_->AddLogField("finish_reason", std::string(FinishReasonName(finish_reason_)));
@@ -287,10 +276,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int unfinished_ = 0;
   bool stream_started_ = false;
   bool done_ = false;  // the response is complete (or failed, or the client left)
-  int32_t prompt_tokens_ = 0;
-  int32_t cached_tokens_ = 0;
-  std::vector<int32_t> cached_by_tier_;
-  double ttft_ms_ = -1;
+  UsageTally usage_;  // after req_ (its size)
   FinishReason finish_reason_ = FinishReason::kNone;
 
   // Separate from mu_ so that OnClose never waits for an event in progress.
