@@ -134,16 +134,7 @@ TierMover::~TierMover() {
   }
   if (copy_ != nullptr) {
     copy_->Wait(copy_->Fence());
-    CollectCopies();
-    std::vector<CopyCompletion> ready;
-    ready.swap(copy_ready_);
-    for (const auto& c : ready) {
-      auto it = ops_.find(c.tag);
-      if (it == ops_.end() || !it->second.copying) continue;
-      const Op op = it->second;
-      ops_.erase(it);
-      FinishLoad(op, c.status);
-    }
+    FinishCopiedLoads();
   }
   staging_.reset();  // unregisters the buffers
   for (BlockStore* store : attached_) store->Detach();
@@ -599,18 +590,23 @@ size_t TierMover::Poll() {
     n += t.store->Poll(&completions_);
     for (const auto& c : completions_) Complete(c);
   }
-  if (!device_host_) {
-    CollectCopies();
-    std::vector<CopyCompletion> ready;
-    ready.swap(copy_ready_);
-    for (const auto& c : ready) {
-      auto it = ops_.find(c.tag);
-      if (it == ops_.end() || !it->second.copying) continue;
-      const Op op = it->second;
-      ops_.erase(it);
-      FinishLoad(op, c.status.ok() ? c.status : c.status.WithContext("staging to device copy"));
-      ++n;
-    }
+  if (!device_host_) n += FinishCopiedLoads();
+  return n;
+}
+
+size_t TierMover::FinishCopiedLoads() {
+  CollectCopies();
+  // Swapped out first: a load's callback may stage another copy.
+  std::vector<CopyCompletion> ready;
+  ready.swap(copy_ready_);
+  size_t n = 0;
+  for (const auto& c : ready) {
+    auto it = ops_.find(c.tag);
+    if (it == ops_.end() || !it->second.copying) continue;
+    const Op op = it->second;
+    ops_.erase(it);
+    FinishLoad(op, c.status.ok() ? c.status : c.status.WithContext("staging to device copy"));
+    ++n;
   }
   return n;
 }

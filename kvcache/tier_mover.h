@@ -220,6 +220,8 @@ class TierMover {
   // Polls the copy engine; completions of staged loads wait in copy_ready_
   // for Poll() (never handled from inside a store's callback).
   void CollectCopies();
+  // Finishes the staged loads whose copy completed; returns how many.
+  size_t FinishCopiedLoads();
   void FinishLoad(const Op& op, const Status& status);
   void Complete(const StoreCompletion& c);
 

@@ -70,6 +70,11 @@ TEST(ServerHarness, StartsAnySubcommandWithItsOwnPorts) {
   EXPECT_EQ((*a)->port("no-such-port"), 0);
   EXPECT_NE((*a)->http_port(), (*b)->http_port());
   EXPECT_EQ(testing::SimpleHttp((*b)->http_port(), "GET", "/health").status, 200);
+  // Every instance's device pool is empty at the end.
+  for (auto* srv : {a->get(), b->get()}) {
+    const auto m = testing::SimpleHttp(srv->http_port(), "GET", "/metrics");
+    EXPECT_EQ(testing::MetricValue(m.body, "strata_kv_device_blocks_in_use"), 0) << m.body;
+  }
   EXPECT_EQ(*(*a)->Stop(60), 0);
   EXPECT_EQ(*(*b)->Stop(60), 0);
 
