@@ -16,9 +16,12 @@ enum class FinishReason : uint8_t {
   kLength,  // max_tokens (or the context) reached
   kAbort,   // cancelled, deadline passed, engine stopping
   kError,   // failed; the output's status says why
+  // Stopped to be continued elsewhere (an engine request's pause_after):
+  // the final event carries the continuation. Never shown to API clients.
+  kPaused,
 };
 
-// "" (kNone), "stop", "length", "abort", "error".
+// "" (kNone), "stop", "length", "abort", "error", "paused".
 constexpr std::string_view FinishReasonName(FinishReason r) {
   switch (r) {
     case FinishReason::kStop:
@@ -29,6 +32,8 @@ constexpr std::string_view FinishReasonName(FinishReason r) {
       return "abort";
     case FinishReason::kError:
       return "error";
+    case FinishReason::kPaused:
+      return "paused";
     case FinishReason::kNone:
       break;
   }

@@ -5,57 +5,6 @@
 
 namespace strata {
 
-namespace {
-
-// Largest n' <= n such that s[0, n') does not end inside a UTF-8 sequence.
-size_t Utf8Boundary(const std::string& s, size_t n) {
-  size_t i = n;
-  // Step back over continuation bytes (at most 3) to the lead byte.
-  size_t back = 0;
-  while (i > 0 && back < 4 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) {
-    --i;
-    ++back;
-  }
-  if (i == 0) return n;
-  unsigned char lead = static_cast<unsigned char>(s[i - 1]);
-  size_t len = lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 1;
-  // The sequence starting at i-1 spans len bytes; complete if it ends by n.
-  if (i - 1 + len <= n) return n;
-  return i - 1;
-}
-
-}  // namespace
-
-StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
-  stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
-  for (const auto& s : stops_) max_len_ = std::max(max_len_, s.size());
-}
-
-std::string StopMatcher::Push(std::string_view text) {
-  if (stopped_) return {};
-  pending_.append(text);
-  size_t hit = std::string::npos;
-  for (const auto& s : stops_) hit = std::min(hit, pending_.find(s));
-  if (hit != std::string::npos) {
-    stopped_ = true;
-    std::string out = pending_.substr(0, hit);
-    pending_.clear();
-    return out;
-  }
-  // Hold back the longest tail that could still grow into a stop string.
-  size_t keep = max_len_ > 0 ? std::min(pending_.size(), max_len_ - 1) : 0;
-  size_t release = Utf8Boundary(pending_, pending_.size() - keep);
-  std::string out = pending_.substr(0, release);
-  pending_.erase(0, release);
-  return out;
-}
-
-std::string StopMatcher::Flush() {
-  std::string out = stopped_ ? std::string() : pending_;
-  pending_.clear();
-  return out;
-}
-
 Result<int> ResolveMaxTokens(int prompt_tokens, int max_tokens, int context_length) {
   if (prompt_tokens <= 0) return Status::InvalidArgument("the prompt is empty (no tokens)");
   if (prompt_tokens >= context_length)
@@ -111,10 +60,8 @@ Result<GenerateOutput> GenerateWithKv(ForwardPass& engine, const Tokenizer& toke
   };
 
   GenerateOutput out;
-  Sampler sampler(options.sampling, engine.vocab_size());
-  sampler.AcceptPrompt(prompt);
-  StreamDecoder decoder(tokenizer, /*skip_special=*/true);
-  StopMatcher stop(options.stop);
+  StopConditions stop{max_tokens, options.stop, options.stop_token_ids, options.ignore_eos};
+  OutputProcessor output(tokenizer, options.sampling, engine.vocab_size(), std::move(stop), prompt);
   auto emit = [&](const std::string& s) {
     if (s.empty()) return;
     out.text += s;
@@ -135,32 +82,19 @@ Result<GenerateOutput> GenerateWithKv(ForwardPass& engine, const Tokenizer& toke
   out.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
   std::vector<int32_t> history(prompt.begin(), prompt.end());
-  out.finish_reason = FinishReason::kLength;
-  for (int step = 0; step < max_tokens; ++step) {
-    SampleResult r = sampler.Sample(logits.data());
-    out.tokens.push_back(r.token);
-    out.samples.push_back(r);
-    history.push_back(r.token);
-    bool eog = !options.ignore_eos && tokenizer.IsEog(r.token);
-    bool stop_id = std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), r.token) !=
-                   options.stop_token_ids.end();
-    if (eog || stop_id) {
-      out.finish_reason = FinishReason::kStop;
+  while (true) {
+    TokenStep step = output.Next(logits.data());
+    out.tokens.push_back(step.sample.token);
+    history.push_back(step.sample.token);
+    emit(step.text);
+    out.samples.push_back(std::move(step.sample));
+    if (step.finish != FinishReason::kNone) {
+      out.finish_reason = step.finish;
       break;
     }
-    emit(stop.Push(decoder.Push(r.token)));
-    if (stop.stopped()) {
-      out.finish_reason = FinishReason::kStop;
-      break;
-    }
-    if (step + 1 == max_tokens) break;
     ForwardSeq seq{std::span<const int32_t>(&history.back(), 1), static_cast<int32_t>(history.size() - 1), table};
     STRATA_RETURN_IF_ERROR(engine.Forward({&seq, 1}, &logits));
     STRATA_RETURN_IF_ERROR(after_step(history));
-  }
-  if (!stop.stopped()) {
-    emit(stop.Push(decoder.Flush()));
-    emit(stop.Flush());
   }
   out.decode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   return out;

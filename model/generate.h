@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "model/finish_reason.h"
 #include "model/forward.h"
+#include "model/output_processor.h"
 #include "model/sampler.h"
 #include "model/tokenizer/tokenizer.h"
 
@@ -69,23 +70,5 @@ Result<GenerateOutput> GenerateWithKv(ForwardPass& engine, const Tokenizer& toke
                                       std::span<const int32_t> prompt, const GenerateOptions& options,
                                       const SequenceKv& kv,
                                       const std::function<void(std::string_view)>& on_text = nullptr);
-
-// Incremental stop-string detection over streamed text. Push() appends text
-// and returns what can be released; once a stop string appears, stopped() is
-// true and nothing after it is ever released.
-class StopMatcher {
- public:
-  explicit StopMatcher(std::vector<std::string> stops);
-  std::string Push(std::string_view text);
-  // Releases what is held back (call at the end when no stop string hit).
-  std::string Flush();
-  bool stopped() const { return stopped_; }
-
- private:
-  std::vector<std::string> stops_;
-  size_t max_len_ = 0;
-  std::string pending_;
-  bool stopped_ = false;
-};
 
 }  // namespace strata

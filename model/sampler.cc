@@ -201,7 +201,29 @@ Sampler::Sampler(SamplingParams params, int vocab_size)
     return b.first < 0 || b.first >= vocab_size_ || !InClosed(b.second, -kMaxBias, kMaxBias);
   });
   p.top_logprobs = std::clamp(p.top_logprobs, 0, kMaxTopLogprobs);
-  rng_.seed(p.seed.has_value() ? *p.seed : RandomSeed());
+  seed_ = p.seed.has_value() ? *p.seed : RandomSeed();
+  rng_.seed(seed_);
+}
+
+Sampler::Sampler(SamplingParams params, int vocab_size, const SamplerState& state)
+    : Sampler(std::move(params), vocab_size) {
+  seed_ = state.seed;
+  rng_.seed(seed_);
+  rng_.discard(state.draws);
+  draws_ = state.draws;
+  for (const auto& [id, count] : state.generated_counts)
+    if (id >= 0 && id < vocab_size_ && count > 0) generated_counts_[id] += count;
+  num_generated_ = state.num_generated;
+}
+
+SamplerState Sampler::State() const {
+  SamplerState s;
+  s.seed = seed_;
+  s.draws = draws_;
+  s.num_generated = num_generated_;
+  s.generated_counts.assign(generated_counts_.begin(), generated_counts_.end());
+  std::sort(s.generated_counts.begin(), s.generated_counts.end());
+  return s;
 }
 
 void Sampler::AcceptPrompt(std::span<const int32_t> prompt) {
@@ -256,6 +278,7 @@ int32_t Sampler::Draw(float* logits) {
   cpu::Softmax(s.probs.data(), vocab);
   const float* probs = s.probs.data();
   const double u = UniformDouble(rng_);
+  ++draws_;
   const float min_p_threshold = params_.min_p * probs[best];
 
   const bool top_k = params_.top_k > 0 && params_.top_k < vocab;

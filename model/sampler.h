@@ -75,6 +75,17 @@ struct TokenLogprob {
   float logprob;  // natural log; -inf for a token the model gives no mass
 };
 
+// What a Sampler needs to continue a sequence exactly in another Sampler
+// (another engine or process): the seed it drew with (the random one when
+// none was given), how many draws it made, and the penalty counts of the
+// tokens it recorded as generated.
+struct SamplerState {
+  uint64_t seed = 0;
+  uint64_t draws = 0;
+  int64_t num_generated = 0;
+  std::vector<std::pair<int32_t, int32_t>> generated_counts;  // (token id, count), ascending id
+};
+
 struct SampleResult {
   int32_t token = 0;
   // The chosen token's logprob under the raw model distribution; 0 unless
@@ -96,6 +107,12 @@ class Sampler {
   // values are clamped into range and bad logit_bias ids dropped, so a
   // violation still gives defined behaviour, just not a meaningful one.
   Sampler(SamplingParams params, int vocab_size);
+  // Continues from `state` (saved by State() of a Sampler with the same
+  // params and vocabulary): the RNG is at the same point and the penalty
+  // counts are the same, so the following Sample() calls return what the
+  // saved Sampler's would have. The prompt is given again with
+  // AcceptPrompt. Counts of ids outside the vocabulary are ignored.
+  Sampler(SamplingParams params, int vocab_size, const SamplerState& state);
 
   // Records prompt tokens for the repetition penalty (may be called more than
   // once; ids outside [0, vocab_size) are ignored). Call before Sample().
@@ -116,6 +133,8 @@ class Sampler {
   int vocab_size() const { return vocab_size_; }
   // Tokens recorded by Sample() and Accept().
   int64_t num_generated() const { return num_generated_; }
+  // The state to continue from (see SamplerState). O(distinct generated ids).
+  SamplerState State() const;
 
  private:
   void ApplyPenalties(float* logits) const;
@@ -124,6 +143,8 @@ class Sampler {
   SamplingParams params_;
   int vocab_size_;
   std::mt19937_64 rng_;
+  uint64_t seed_ = 0;   // what rng_ was seeded with
+  uint64_t draws_ = 0;  // rng_ outputs consumed
   int64_t num_generated_ = 0;
   std::unordered_map<int32_t, int32_t> generated_counts_;
   std::unordered_set<int32_t> prompt_tokens_;  // kept only for repetition_penalty != 1

@@ -127,6 +127,16 @@ class StreamDecoder {
                          DecodeStart start = DecodeStart::kContinuation);
   std::string Push(int32_t id);
   std::string Flush();
+  // What Push has held back (bytes of an incomplete UTF-8 sequence) and
+  // whether nothing was produced yet from a kSequenceStart, to continue the
+  // stream in another decoder: Restore(held(), at_start()) on a fresh one
+  // makes its next Push/Flush return what this one's would.
+  const std::string& held() const { return pending_; }
+  bool at_start() const { return at_start_; }
+  void Restore(std::string held, bool at_start) {
+    pending_ = std::move(held);
+    at_start_ = at_start;
+  }
 
  private:
   const Tokenizer& tokenizer_;

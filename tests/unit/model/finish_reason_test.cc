@@ -17,11 +17,13 @@ TEST(FinishReasonTest, EveryReasonHasItsWireName) {
   EXPECT_EQ(FinishReasonName(FinishReason::kLength), "length");
   EXPECT_EQ(FinishReasonName(FinishReason::kAbort), "abort");
   EXPECT_EQ(FinishReasonName(FinishReason::kError), "error");
+  EXPECT_EQ(FinishReasonName(FinishReason::kPaused), "paused");
   EXPECT_EQ(FinishReasonName(FinishReason::kNone), "");
   std::set<std::string> names;
-  for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError})
+  for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError,
+                         FinishReason::kPaused})
     names.insert(std::string(FinishReasonName(r)));
-  EXPECT_EQ(names.size(), 4u);
+  EXPECT_EQ(names.size(), 5u);
 }
 
 }  // namespace
