@@ -35,18 +35,10 @@
 #include "common/status.h"
 #include "common/strong_id.h"
 #include "kvcache/block_hash.h"
+#include "kvcache/kv_stats.h"
 #include "kvcache/lru_list.h"
 
 namespace strata::kvcache {
-
-struct BlockPoolStats {
-  int32_t num_blocks = 0;
-  int32_t in_use = 0;      // ref > 0
-  int32_t free = 0;        // ref == 0, no hash
-  int32_t cached = 0;      // ref == 0, hashed, in the LRU
-  int32_t indexed = 0;     // blocks with a hash (in use or cached)
-  uint64_t evictions = 0;  // cached blocks whose hash was dropped for reuse
-};
 
 class BlockPool {
  public:

@@ -1,7 +1,8 @@
 #pragma once
 // The KV cache's plain types, shared by the KV manager (kv_manager.h), the
 // tier mover (tier_mover.h), the tier registry and the engine: policies,
-// options, the lower-tier chain's entries, prefix matches and statistics.
+// options, the lower-tier chain's entries and prefix matches (statistics are
+// in kv_stats.h).
 //
 // Thread-safety: plain values.
 
@@ -16,6 +17,7 @@
 #include "common/sha256.h"
 #include "common/strong_id.h"
 #include "kvcache/block_store.h"
+#include "kvcache/kv_stats.h"
 
 namespace strata::kvcache {
 
@@ -111,58 +113,5 @@ enum class AllocOutcome { kAllocated, kNotNow };
 
 // Where a cached block of a request came from.
 inline constexpr int kDeviceTier = 0;  // lower tier i is reported as i + 1
-
-struct TierHits {
-  uint64_t blocks = 0;
-  uint64_t tokens = 0;
-};
-
-// Upper bounds (seconds) of the latency buckets LowerTierStats counts loads
-// and writes in (submit → completion, Clock time); a last, open bucket
-// takes the rest. Cumulative like Prometheus' le buckets only when summed.
-inline constexpr std::array<double, 12> kTierLatencyBounds = {1e-4,   2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
-                                                              1e-2,   2.5e-2, 5e-2, 0.1,  0.25,   1.0};
-using TierLatencyCounts = std::array<uint64_t, kTierLatencyBounds.size() + 1>;  // per bucket, not cumulative
-
-struct LowerTierStats {
-  std::string name;              // LowerTier::name
-  TierKind kind = TierKind::kHost;  // the store's kind()
-  TierHits hits;                 // prefix blocks loaded from this tier (completed OK)
-  uint64_t bytes_down = 0;       // device → this tier (writes completed OK)
-  uint64_t bytes_up = 0;         // this tier → device (loads completed OK)
-  uint64_t writes = 0;           // writes submitted (write-backs included)
-  uint64_t writebacks = 0;       // write-backs submitted (evicted device blocks; kWriteBack)
-  uint64_t writebacks_dropped = 0;  // evicted blocks not written back: no staging buffer free
-  uint64_t admissions_deferred = 0;  // full blocks not written yet (admit_after)
-  uint64_t writes_failed = 0;
-  uint64_t loads_failed = 0;
-  int64_t load_nanos = 0;
-  int64_t write_nanos = 0;             // sum over completed writes of submit → completion
-  TierLatencyCounts load_latency{};    // completed loads (OK or not) by latency bucket
-  TierLatencyCounts write_latency{};   // completed writes (OK or not) by latency bucket
-  uint64_t corrupt_blocks = 0;         // the store's StoreStats::corrupt_blocks (filled by stats())
-};
-
-struct KvManagerStats {
-  uint64_t queries = 0;        // requests whose prefix was looked up (first Allocate)
-  uint64_t query_tokens = 0;   // their prompt tokens
-  TierHits device;             // prefix blocks shared from device
-  // The next five sum over lower tiers; `tiers` has them per tier.
-  TierHits lower;              // prefix blocks loaded from lower tiers (completed OK)
-  uint64_t bytes_down = 0;     // device → lower tiers (writes completed OK)
-  uint64_t bytes_up = 0;       // lower tiers → device (loads completed OK)
-  uint64_t writes_failed = 0;
-  uint64_t loads_failed = 0;
-  int64_t load_nanos = 0;      // sum over loads of submit→completion (Clock time)
-  BlockPoolStats device_pool;  // includes device evictions
-  std::vector<LowerTierStats> tiers;  // per lower tier, in chain order
-};
-
-// What Flush() removed. `lower_blocks` is per lower tier, in chain order
-// (blocks the tier held before minus after; 0 for tiers not flushed).
-struct FlushResult {
-  uint64_t device_blocks = 0;
-  std::vector<uint64_t> lower_blocks;
-};
 
 }  // namespace strata::kvcache
