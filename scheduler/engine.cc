@@ -13,12 +13,16 @@ struct Engine::Sequence {
         req(std::move(r)),
         sink(std::move(s)),
         order(order_),
-        sampler(req.sampling, vocab),
-        decoder(tok, /*skip_special=*/true),
-        stop(req.stop) {
+        output(tok, req.sampling, vocab,
+               StopConditions{req.max_tokens, req.stop, req.stop_token_ids, req.ignore_eos}, req.prompt,
+               &req.continuation) {
     tokens = req.prompt;
     prompt_len = static_cast<int32_t>(req.prompt.size());
-    sampler.AcceptPrompt(req.prompt);
+    // A continuation: its tokens are computed like a prompt's (one prefill),
+    // then the next token is sampled where the other engine stopped.
+    tokens.insert(tokens.end(), req.continuation.generated.begin(), req.continuation.generated.end());
+    generated = static_cast<int32_t>(req.continuation.generated.size());
+    req.continuation = Continuation();  // the output processor holds its state now
     want_logprobs = req.sampling.logprobs || req.sampling.top_logprobs > 0;
   }
 
@@ -44,9 +48,7 @@ struct Engine::Sequence {
   uint64_t match_step = 0;  // 0: no answer
   kvcache::PrefixMatch match;
   bool blocked = false;     // the head of the queue, refused blocks last time
-  Sampler sampler;
-  StreamDecoder decoder;
-  StopMatcher stop;
+  OutputProcessor output;  // sampling, text, stop conditions
   // Deltas for the next event.
   std::vector<int32_t> new_tokens;
   std::string new_text;
@@ -61,6 +63,23 @@ struct Engine::Sequence {
 namespace {
 
 bool Before(int pa, uint64_t oa, int pb, uint64_t ob) { return pa != pb ? pa < pb : oa < ob; }
+
+Status ValidateContinuation(const EngineRequest& r, int vocab) {
+  const auto done = static_cast<int64_t>(r.continuation.generated.size());
+  for (int32_t t : r.continuation.generated)
+    if (t < 0 || t >= vocab)
+      return Status::InvalidArgument("continuation token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                     std::to_string(vocab) + ")");
+  if (done >= r.max_tokens)
+    return Status::InvalidArgument("the continuation has " + std::to_string(done) +
+                                   " generated tokens, max_tokens is " + std::to_string(r.max_tokens) +
+                                   ": nothing is left to generate");
+  if (r.pause_after < 0) return Status::InvalidArgument("pause_after must be >= 0");
+  if (r.pause_after > 0 && r.pause_after <= done)
+    return Status::InvalidArgument("pause_after (" + std::to_string(r.pause_after) +
+                                   ") must exceed the continuation's " + std::to_string(done) + " generated tokens");
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -115,6 +134,7 @@ Result<RequestId> Engine::Submit(EngineRequest request, OutputSink sink) {
                                    " max tokens), more than the device pool's " +
                                    std::to_string(kv_->options().num_device_blocks));
   STRATA_RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, vocab));
+  STRATA_RETURN_IF_ERROR(ValidateContinuation(request, vocab));
   if (!sink) return Status::InvalidArgument("engine: a request needs an output sink");
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -145,6 +165,27 @@ bool Engine::Post(std::function<void(kvcache::KvManager&)> task) {
   tasks_.push_back(std::move(task));
   wake_.notify_one();
   return true;
+}
+
+bool Engine::LookupCache(std::vector<int32_t> tokens, std::string cache_salt,
+                         std::function<void(const CacheMatch&)> done) {
+  return Post([tokens = std::move(tokens), salt = std::move(cache_salt), done = std::move(done)](kvcache::KvManager& kv) {
+    const kvcache::PrefixMatch m = kv.Match(tokens, salt);
+    CacheMatch c;
+    c.prompt_tokens = static_cast<int32_t>(tokens.size());
+    c.cached_tokens = m.total();
+    c.block_size = kv.options().block_size;
+    c.tokens_by_tier.push_back(m.device_tokens);
+    c.tokens_by_tier.insert(c.tokens_by_tier.end(), m.lower_tier_tokens.begin(), m.lower_tier_tokens.end());
+    c.tokens_by_tier.resize(kv.num_lower_tiers() + 1, 0);
+    done(c);
+  });
+}
+
+bool Engine::FlushCache(CacheFlush what, std::function<void(Result<kvcache::FlushResult>)> done) {
+  return Post([what = std::move(what), done = std::move(done)](kvcache::KvManager& kv) {
+    done(kv.Flush(what.device, what.lower, what.all_namespaces));
+  });
 }
 
 void Engine::BeginDrain() {
@@ -229,6 +270,8 @@ void Engine::Emit(Sequence& s, bool finished, FinishReason reason, const Status&
   out.cached_tokens_by_tier = s.cached_by_tier;
   out.preemptions = s.preemptions;
   out.timings = s.timings;
+  if (reason == FinishReason::kPaused)
+    out.continuation = s.output.Save(std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.prompt_len)));
   s.sink(std::move(out));
 }
 
@@ -242,10 +285,6 @@ void Engine::Finish(Sequence& s, FinishReason reason, Status status) {
   s.loading = false;
   RemoveWaiting(&s);
   running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
-  if ((reason == FinishReason::kStop || reason == FinishReason::kLength) && !s.stop.stopped()) {
-    s.new_text += s.stop.Push(s.decoder.Flush());
-    s.new_text += s.stop.Flush();
-  }
   s.timings.finished = clock_->NowNanos();
   if (s.timings.first_token > 0)
     s.timings.decode_seconds = static_cast<double>(s.timings.finished - s.timings.first_token) * 1e-9;
@@ -452,36 +491,32 @@ bool Engine::Prefetch() {
 }
 
 void Engine::AfterToken(Sequence& s, const float* logits) {
-  SampleResult r = s.sampler.Sample(logits);
+  TokenStep step = s.output.Next(logits);
   const int64_t now = clock_->NowNanos();
-  if (s.generated == 0) {
+  if (s.timings.first_token == 0) {  // the first token this engine sampled
     s.timings.first_token = now;
     s.timings.prefill_seconds = static_cast<double>(now - s.timings.scheduled) * 1e-9;
   }
   s.timings.last_token = now;
   ++s.generated;
   ++generation_tokens_;
-  s.tokens.push_back(r.token);
-  s.new_tokens.push_back(r.token);
-  if (s.want_logprobs) s.new_logprobs.push_back(r);
-  const bool eog = !s.req.ignore_eos && tokenizer_->IsEog(r.token);
-  const bool stop_id =
-      std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), r.token) != s.req.stop_token_ids.end();
-  if (eog || stop_id) return Finish(s, FinishReason::kStop, Status::Ok());
-  s.new_text += s.stop.Push(s.decoder.Push(r.token));
-  if (s.stop.stopped()) return Finish(s, FinishReason::kStop, Status::Ok());
-  if (s.generated >= s.req.max_tokens) return Finish(s, FinishReason::kLength, Status::Ok());
+  s.tokens.push_back(step.sample.token);
+  s.new_tokens.push_back(step.sample.token);
+  s.new_text += step.text;
+  if (s.want_logprobs) s.new_logprobs.push_back(std::move(step.sample));
+  if (step.finish != FinishReason::kNone) return Finish(s, step.finish, Status::Ok());
+  if (s.req.pause_after > 0 && s.generated >= s.req.pause_after) return Finish(s, FinishReason::kPaused, Status::Ok());
   Emit(s, /*finished=*/false, FinishReason::kNone, Status::Ok());
 }
 
-Result<bool> Engine::Step() {
-  const auto step_start = std::chrono::steady_clock::now();
+SchedulerOutput Engine::Schedule() {
+  SchedulerOutput out;
   const size_t unfinished_before = seqs_.size();
   released_this_step_ = false;
   head_needs_blocks_ = false;
   ++step_seq_;
   TakeInbox();
-  bool did = seqs_.size() != unfinished_before;
+  out.did_work = seqs_.size() != unfinished_before;
   kv_->Poll();
   std::vector<Planned> plan;
   int budget = options_.max_batch_tokens;
@@ -489,7 +524,7 @@ Result<bool> Engine::Step() {
   for (Sequence* s : std::vector<Sequence*>(running_))
     if (s->loading && kv_->IsReady(s->id)) {
       OnReady(*s);
-      did = true;
+      out.did_work = true;
     }
   // 1. One decode token for every running sequence that has finished its prompt.
   const std::vector<Sequence*> snapshot = running_;
@@ -513,55 +548,67 @@ Result<bool> Engine::Step() {
     budget -= n;
   }
   // 3. New requests.
-  if (Admit(&budget, &plan)) did = true;
+  if (Admit(&budget, &plan)) out.did_work = true;
   // 3b. Waiting requests left over start loading their cached prefix.
-  if (Prefetch()) did = true;
+  if (Prefetch()) out.did_work = true;
 
-  if (plan.empty()) {
-    RefreshStats();
-    return did;
-  }
-  batch_.clear();
+  out.entries.reserve(plan.size());
+  out.batch.reserve(plan.size());
   for (const Planned& p : plan) {
     Sequence& s = *p.seq;
+    out.entries.push_back({s.id, p.tokens});
     ForwardSeq f;
     f.tokens = std::span<const int32_t>(s.tokens.data() + s.num_computed, static_cast<size_t>(p.tokens));
     f.start_pos = s.num_computed;
     f.block_table = kv_->BlockTable(s.id);
-    batch_.push_back(f);
+    out.batch.push_back(f);
+    (p.tokens > 1 ? out.prefill_tokens : out.decode_tokens) += p.tokens;
   }
-  const auto forward_start = std::chrono::steady_clock::now();
-  Status st = runner_->Forward(batch_, &logits_);
-  const auto forward_end = std::chrono::steady_clock::now();
+  return out;
+}
+
+void Engine::Update(const SchedulerOutput& out, const Status& forward, const std::vector<float>& logits) {
   ++steps_;
-  forward_nanos_ += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(forward_end - forward_start).count());
-  for (const Planned& p : plan) {
-    if (p.tokens > 1) {
-      step_prefill_tokens_ += static_cast<uint64_t>(p.tokens);
-    } else {
-      ++step_decode_tokens_;
-    }
-  }
-  if (!st.ok()) {
-    STRATA_LOG_ERROR("engine: forward pass over {} sequences failed: {}", plan.size(), st.ToString());
-    for (const Planned& p : plan) Finish(*p.seq, FinishReason::kError, st);
-    RefreshStats();
-    return st;
-  }
+  step_prefill_tokens_ += static_cast<uint64_t>(out.prefill_tokens);
+  step_decode_tokens_ += static_cast<uint64_t>(out.decode_tokens);
   const size_t vocab = static_cast<size_t>(runner_->vocab_size());
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Sequence& s = *plan[i].seq;
-    s.num_computed += plan[i].tokens;
+  for (size_t i = 0; i < out.entries.size(); ++i) {
+    auto it = seqs_.find(out.entries[i].id.value());
+    if (it == seqs_.end()) continue;  // REQUIRES says it cannot: nothing runs between Schedule and Update
+    Sequence& s = *it->second;
+    if (!forward.ok()) {
+      Finish(s, FinishReason::kError, forward);
+      continue;
+    }
+    s.num_computed += out.entries[i].num_tokens;
     if (Status c = kv_->Commit(s.id, std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(s.num_computed)));
         !c.ok())
       STRATA_LOG_WARN("engine: commit of request {} failed: {}", s.id.value(), c.ToString());
-    if (s.remaining() == 0) AfterToken(s, logits_.data() + i * vocab);
+    if (s.remaining() == 0) AfterToken(s, logits.data() + i * vocab);
   }
-  kv_->Poll();
-  step_nanos_ += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - step_start).count());
+  if (forward.ok()) kv_->Poll();
+}
+
+Result<bool> Engine::Step() {
+  const auto step_start = std::chrono::steady_clock::now();
+  SchedulerOutput out = Schedule();
+  if (out.empty()) {
+    RefreshStats();
+    return out.did_work;
+  }
+  const auto forward_start = std::chrono::steady_clock::now();
+  Status st = runner_->Forward(out.batch, &logits_);
+  const auto forward_end = std::chrono::steady_clock::now();
+  forward_nanos_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(forward_end - forward_start).count());
+  if (!st.ok())
+    STRATA_LOG_ERROR("engine: forward pass over {} sequences failed: {}", out.entries.size(), st.ToString());
+  Update(out, st, logits_);
+  if (st.ok())
+    step_nanos_ += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - step_start).count());
   RefreshStats();
+  if (!st.ok()) return st;
   return true;
 }
 

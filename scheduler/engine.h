@@ -72,9 +72,9 @@
 #include "kvcache/clock.h"
 #include "kvcache/kv_manager.h"
 #include "model/backend/backend.h"
-#include "model/generate.h"
-#include "model/sampler.h"
+#include "model/output_processor.h"
 #include "model/tokenizer/tokenizer.h"
+#include "scheduler/engine_client.h"
 
 namespace strata::scheduler {
 
@@ -116,98 +116,24 @@ struct EngineOptions {
   double lookup_timeout_seconds = 0.05;
 };
 
-struct EngineRequest {
-  std::vector<int32_t> prompt;  // >= 1 token, ids in the vocabulary
-  // >= 1; prompt + max_tokens <= context length (callers resolve defaults
-  // with ResolveMaxTokens first).
-  int max_tokens = 16;
-  SamplingParams sampling;                 // validated by Submit
-  std::vector<std::string> stop;           // stop strings (not in the text)
-  std::vector<int32_t> stop_token_ids;     // in addition to the tokenizer's end-of-generation ids
-  bool ignore_eos = false;
-  std::string cache_salt;                  // tenant: blocks are shared only within one salt
-  int priority = 0;                        // lower runs first; ties: arrival order
-  int64_t deadline_nanos = 0;              // Clock time after which it is cancelled; 0 = none
+// One step's work as a plain value (Engine::Schedule): the batch for the
+// executor and which request each entry belongs to. The ForwardSeq spans
+// point into the engine's sequences and stay valid until Update() or the
+// next Schedule().
+struct SchedulerOutput {
+  struct Entry {
+    RequestId id{0};
+    int32_t num_tokens = 0;  // positions computed this step (prompt chunk, or 1)
+  };
+  std::vector<Entry> entries;
+  std::vector<ForwardSeq> batch;  // entries[i]'s tokens, start and block table
+  int32_t prefill_tokens = 0;     // in entries of 2+ tokens
+  int32_t decode_tokens = 0;      // in entries of one token
+  bool did_work = false;          // admitted, finished or started something (even with an empty batch)
+  bool empty() const { return entries.empty(); }
 };
 
-// Clock times (nanoseconds, kvcache::Clock) of a request's life; 0 = not yet.
-struct RequestTimings {
-  int64_t arrival = 0;      // Submit
-  int64_t scheduled = 0;    // first admitted to running
-  int64_t first_token = 0;  // first generated token sampled
-  int64_t last_token = 0;   // latest generated token sampled
-  int64_t finished = 0;
-  double prefill_seconds = 0;  // scheduled → first token
-  double decode_seconds = 0;   // first token → finished
-  double queue_seconds = 0;    // arrival → scheduled
-};
-
-// One event for a request's sink. Tokens and text are deltas since the
-// previous event; the last event has finished = true.
-struct RequestOutput {
-  RequestId id{0};
-  std::vector<int32_t> token_ids;       // generated since the last event
-  std::string text;                     // final text since the last event (stop strings cut, EOS not shown)
-  std::vector<SampleResult> logprobs;   // one per token in token_ids when sampling.logprobs / top_logprobs
-  bool finished = false;
-  // kStop (EOS, stop id or stop string), kLength (max_tokens), kAbort
-  // (cancelled, deadline, engine stopping), kError (see status); kNone
-  // until finished.
-  FinishReason finish_reason = FinishReason::kNone;
-  Status status;                        // the error for kError / kAbort, else OK
-  int32_t prompt_tokens = 0;
-  int32_t completion_tokens = 0;        // generated so far (all events)
-  // Prompt tokens whose KV came from cache, and the split by tier:
-  // index kvcache::kDeviceTier (0) = device, i + 1 = lower tier i
-  // (names in Engine::tier_names(), kinds in tier_kinds()). Known from the
-  // first event on.
-  int32_t cached_tokens = 0;
-  std::vector<int32_t> cached_tokens_by_tier;
-  int32_t preemptions = 0;
-  RequestTimings timings;               // complete in the final event
-};
-
-using OutputSink = std::function<void(RequestOutput&&)>;
-
-struct TierUsage {
-  std::string name;             // "device", then the configured lower tiers' names
-  kvcache::TierKind kind = kvcache::TierKind::kDevice;
-  uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;      // device: blocks referenced by requests (cached free blocks count as free, as in vLLM)
-  double usage_ratio = 0;       // used / capacity (0 when capacity 0)
-};
-
-// A consistent snapshot, refreshed after every step.
-struct EngineStats {
-  int num_running = 0;   // admitted (prefill, decode or loading)
-  int num_waiting = 0;   // submitted, not yet admitted
-  bool draining = false;
-  uint64_t steps = 0;  // forward passes
-  // Wall time of the steps that ran a forward pass (scheduling, the pass,
-  // sampling and events), and of the passes alone (StepRunner::Forward).
-  uint64_t step_nanos = 0;
-  uint64_t forward_nanos = 0;
-  // Tokens those passes computed: prompt chunks of 2+ tokens, and one-token
-  // entries (decode, or a prompt's last token), as the cost model counts them.
-  uint64_t step_prefill_tokens = 0;
-  uint64_t step_decode_tokens = 0;
-  uint64_t preemptions = 0;
-  uint64_t prompt_tokens = 0;      // of finished and running requests, counted at admission
-  uint64_t generation_tokens = 0;
-  uint64_t rejected_queue_full = 0;
-  std::map<std::string, uint64_t> finished_by_reason;  // stop, length, abort, error
-  int32_t device_blocks_in_use = 0;  // referenced by a request
-  std::vector<TierUsage> tiers;      // device first, then the lower tiers in chain order
-  // Prefetch ahead of admission (see Engine).
-  uint64_t prefetches_started = 0;   // waiting requests that began loading their prefix
-  uint64_t prefetched_blocks = 0;    // lower-tier blocks those prefetches queued for loading
-  uint64_t prefetches_used = 0;      // admitted with their prefetched blocks
-  uint64_t prefetches_released = 0;  // prefetches given back before admission (pool pressure)
-  int num_prefetching = 0;           // waiting requests holding prefetched blocks now
-  kvcache::KvManagerStats kv;
-};
-
-class Engine {
+class Engine final : public EngineClient {
  public:
   // `runner`, `kv`, `tokenizer` and `clock` must outlive the engine. The KV
   // manager's block memory must be the runner's (same block size).
@@ -215,30 +141,43 @@ class Engine {
                                                 kvcache::KvManager* kv, const Tokenizer* tokenizer,
                                                 kvcache::Clock* clock);
   // Stops the loop (cancelling what is left) if it runs.
-  ~Engine();
+  ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request. The sink receives its events on the stepping thread
-  // (never inside Submit). Errors: InvalidArgument (bad prompt, max_tokens,
-  // sampling params; nothing queued), ResourceExhausted (waiting queue full),
-  // Unavailable (draining or stopped).
-  Result<RequestId> Submit(EngineRequest request, OutputSink sink);
+  // EngineClient (scheduler/engine_client.h). The delivery thread is the
+  // stepping thread. A cancelled request's blocks are released within one
+  // step. A continuation's tokens must be in the vocabulary and fewer than
+  // max_tokens; pause_after, when set, more than the continuation's tokens.
+  Result<RequestId> Submit(EngineRequest request, OutputSink sink) override;
+  void Cancel(RequestId id) override;
+  EngineStats Stats() const override;
+  const std::vector<std::string>& tier_names() const override { return tier_names_; }
+  const std::vector<kvcache::TierKind>& tier_kinds() const override { return tier_kinds_; }
+  bool LookupCache(std::vector<int32_t> tokens, std::string cache_salt,
+                   std::function<void(const CacheMatch&)> done) override;
+  bool FlushCache(CacheFlush what, std::function<void(Result<kvcache::FlushResult>)> done) override;
 
-  // Cancels a request (unknown or finished ids are ignored). Its sink gets a
-  // final "abort" event and its blocks are released within one step.
-  void Cancel(RequestId id);
-
-  // Runs `task` on the stepping thread before the next step (admin
-  // operations on the KV manager, which is not thread-safe). False (and the
-  // task is dropped) once the engine is stopping: nobody would run it.
+  // Runs `task` on the stepping thread before the next step (operations on
+  // the KV manager, which is not thread-safe; tests and tools in the same
+  // process). False (and the task is dropped) once the engine is stopping:
+  // nobody would run it.
   bool Post(std::function<void(kvcache::KvManager&)> task);
 
-  // One iteration (see the top of this file). Returns true when it did work
-  // (ran a batch, finished or admitted a request, ran a task), false when
-  // idle. An error is a failed forward pass; the requests in that batch are
-  // finished with "error" and the engine keeps going.
+  // One iteration (see the top of this file): Schedule(), the runner's
+  // Forward over the batch, Update(). Returns true when it did work (ran a
+  // batch, finished or admitted a request, ran a task), false when idle. An
+  // error is a failed forward pass; the requests in that batch are finished
+  // with "error" and the engine keeps going.
   Result<bool> Step();
+  // The parts of Step(), for an executor other than the runner (a remote
+  // one): Schedule() takes new work and decides this step's batch (steps 1
+  // to 3b at the top); the executor computes logits for it (the runner's
+  // Forward contract: one row of vocab_size floats per entry); Update()
+  // applies them (commits blocks, samples, stops, events), or finishes the
+  // batch's requests with `forward` when it failed. Same thread as Step().
+  SchedulerOutput Schedule();
+  void Update(const SchedulerOutput& out, const Status& forward, const std::vector<float>& logits);
 
   // Starts the loop thread (Step until Stop; sleeps when idle).
   void Start();
@@ -251,11 +190,6 @@ class Engine {
 
   // Submitted and not yet finished.
   int num_unfinished() const;
-  EngineStats Stats() const;
-  // Tier names by index: "device", then the lower tiers'.
-  const std::vector<std::string>& tier_names() const { return tier_names_; }
-  // Tier kinds by the same index: kDevice, then the lower tiers'.
-  const std::vector<kvcache::TierKind>& tier_kinds() const { return tier_kinds_; }
   const EngineOptions& options() const { return options_; }
   int context_length() const { return runner_->context_length(); }
 
@@ -336,7 +270,6 @@ class Engine {
   bool released_this_step_ = false;
   bool head_needs_blocks_ = false;  // this step's queue head got "not now" for blocks
   std::map<std::string, uint64_t> finished_by_reason_;
-  std::vector<ForwardSeq> batch_;
   std::vector<float> logits_;
 
   std::thread loop_;

@@ -201,27 +201,24 @@ void AdminRoutes::Lookup(const HttpRequest& req, const std::shared_ptr<ResponseW
   }
   if (tokens.empty()) return SendError(w, ApiError::BadRequest("the prompt is empty", "tokens"));
 
-  const size_t prompt_tokens = tokens.size();
-  const bool posted = frontend_.engine().Post([w, tokens = std::move(tokens), salt = std::move(salt),
-                           prompt_tokens](kvcache::KvManager& kv) {
-    const kvcache::PrefixMatch m = kv.Match(tokens, salt);
+  scheduler::EngineClient& engine = frontend_.engine();
+  const std::vector<std::string> names = engine.tier_names();
+  const std::vector<kvcache::TierKind> kinds = engine.tier_kinds();
+  const bool posted = engine.LookupCache(std::move(tokens), std::move(salt), [w, names, kinds](const scheduler::CacheMatch& m) {
     // by_tier: by kind, every kind of the table present (as the API's
     // cached_tokens_by_tier); by_tier_name: by configured tier name.
     json by_tier = json::object();
     for (kvcache::TierKind k : kvcache::kAllTierKinds) by_tier[std::string(kvcache::TierKindName(k))] = 0;
     json by_name = json::object();
-    by_tier["device"] = m.device_tokens;
-    by_name[std::string(kv.tier_name(kvcache::kDeviceTier))] = m.device_tokens;
-    for (size_t i = 0; i < m.lower_tier_tokens.size(); ++i) {
-      const int tier = static_cast<int>(i + 1);
-      by_tier[std::string(kvcache::TierKindName(kv.tier_kind(tier)))] =
-          by_tier[std::string(kvcache::TierKindName(kv.tier_kind(tier)))].get<int64_t>() + m.lower_tier_tokens[i];
-      by_name[std::string(kv.tier_name(tier))] = m.lower_tier_tokens[i];
+    for (size_t t = 0; t < m.tokens_by_tier.size() && t < names.size() && t < kinds.size(); ++t) {
+      const std::string kind(kvcache::TierKindName(kinds[t]));
+      by_tier[kind] = by_tier[kind].get<int64_t>() + m.tokens_by_tier[t];
+      by_name[names[t]] = m.tokens_by_tier[t];
     }
-    const int bs = kv.options().block_size;
-    SendJson(w, json{{"prompt_tokens", prompt_tokens},
-                     {"cached_tokens", m.total()},
-                     {"blocks", bs > 0 ? m.total() / bs : 0},
+    const int bs = m.block_size;
+    SendJson(w, json{{"prompt_tokens", m.prompt_tokens},
+                     {"cached_tokens", m.cached_tokens},
+                     {"blocks", bs > 0 ? m.cached_tokens / bs : 0},
                      {"block_size", bs},
                      {"by_tier", by_tier},
                      {"by_tier_name", by_name}});
@@ -264,22 +261,20 @@ void AdminRoutes::Flush(const HttpRequest& req, const std::shared_ptr<ResponseWr
   }
   const bool device = !chosen.empty() && chosen[0];
   std::vector<bool> lower(chosen.begin() + (chosen.empty() ? 0 : 1), chosen.end());
-  const bool posted = frontend_.engine().Post([w, names, device, lower, all_namespaces](kvcache::KvManager& kv) {
-    auto r = kv.Flush(device, lower, all_namespaces);
-    if (!r.ok()) {
-      STRATA_LOG_WARN("admin: cache flush failed: {}", r.error().ToString());
-      return SendError(w, ApiError::Internal("cache flush failed: " + r.error().ToString()));
-    }
-    json flushed = json::object();
-    if (device) flushed["device"] = r->device_blocks;
-    for (size_t i = 0; i < lower.size() && i < r->lower_blocks.size(); ++i)
-      if (lower[i])
-        flushed[i + 1 < names.size() ? names[i + 1]
-                                     : std::string(kv.tier_name(static_cast<int>(i + 1)))] =
-            r->lower_blocks[i];
-    STRATA_LOG_INFO("admin: cache flushed: {}", Dump(flushed));
-    SendJson(w, json{{"flushed_blocks", flushed}, {"all_namespaces", all_namespaces}});
-  });
+  scheduler::CacheFlush what{device, lower, all_namespaces};
+  const bool posted = frontend_.engine().FlushCache(
+      std::move(what), [w, names, device, lower, all_namespaces](Result<kvcache::FlushResult> r) {
+        if (!r.ok()) {
+          STRATA_LOG_WARN("admin: cache flush failed: {}", r.error().ToString());
+          return SendError(w, ApiError::Internal("cache flush failed: " + r.error().ToString()));
+        }
+        json flushed = json::object();
+        if (device) flushed["device"] = r->device_blocks;
+        for (size_t i = 0; i < lower.size() && i < r->lower_blocks.size() && i + 1 < names.size(); ++i)
+          if (lower[i]) flushed[names[i + 1]] = r->lower_blocks[i];
+        STRATA_LOG_INFO("admin: cache flushed: {}", Dump(flushed));
+        SendJson(w, json{{"flushed_blocks", flushed}, {"all_namespaces", all_namespaces}});
+      });
   if (!posted) SendError(w, ApiError::Unavailable("the engine is shutting down"));
 }
 

@@ -21,8 +21,8 @@
 // body shape: 400 bad JSON or field, 404 unknown /admin/ path, 405 wrong
 // method, 503 when the engine is gone.
 //
-// Lookups and flushes touch the KV manager, which only the engine thread may
-// use: they run as Engine::Post tasks and answer from there through the
+// Lookups and flushes go through EngineClient::LookupCache / FlushCache and
+// answer from their callbacks (on the engine's delivery thread) through the
 // (thread-safe) ResponseWriter.
 //
 // Thread-safety: Handle may be called from any thread, concurrently.
@@ -31,7 +31,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
-#include "scheduler/engine.h"
+#include "scheduler/engine_client.h"
 #include "server/frontend.h"
 #include "server/http_server.h"
 

@@ -68,7 +68,7 @@ ApiError FromStatus(const Status& s, const std::string& param = {}) {
 
 }  // namespace
 
-Frontend::Frontend(const LoadedModel& model, scheduler::Engine& engine, FrontendOptions options)
+Frontend::Frontend(const LoadedModel& model, scheduler::EngineClient& engine, FrontendOptions options)
     : model_(model), engine_(engine), options_(std::move(options)) {}
 
 int Frontend::context_length() const { return model_.weights.config.context_length; }

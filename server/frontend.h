@@ -5,7 +5,7 @@
 // choices on the engine.
 //
 // Thread-safety: all methods may be called from any thread (the tokenizer
-// and model are read-only; Engine::Submit is thread-safe).
+// and model are read-only; EngineClient's methods are thread-safe).
 
 #include <cstdint>
 #include <functional>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "model/model_loader.h"
-#include "scheduler/engine.h"
+#include "scheduler/engine_client.h"
 #include "server/api_types.h"
 
 namespace strata::server {
@@ -48,7 +48,7 @@ struct PreparedRequest {
 // The engine requests of one API request (one per choice).
 class Call {
  public:
-  Call(scheduler::Engine* engine, std::vector<RequestId> ids) : engine_(engine), ids_(std::move(ids)) {}
+  Call(scheduler::EngineClient* engine, std::vector<RequestId> ids) : engine_(engine), ids_(std::move(ids)) {}
   // Cancels every choice still running (their sinks get "abort").
   void Cancel() {
     for (RequestId id : ids_) engine_->Cancel(id);
@@ -56,14 +56,14 @@ class Call {
   const std::vector<RequestId>& ids() const { return ids_; }
 
  private:
-  scheduler::Engine* engine_;
+  scheduler::EngineClient* engine_;
   std::vector<RequestId> ids_;
 };
 
 class Frontend {
  public:
   // `model` and `engine` must outlive the front end.
-  Frontend(const LoadedModel& model, scheduler::Engine& engine, FrontendOptions options);
+  Frontend(const LoadedModel& model, scheduler::EngineClient& engine, FrontendOptions options);
 
   const std::string& model_name() const { return options_.served_model_name; }
   int context_length() const;
@@ -72,7 +72,7 @@ class Frontend {
   void ObserveFrontendTime(double seconds) const {
     if (options_.observer != nullptr) options_.observer->OnFrontendTime(seconds);
   }
-  scheduler::Engine& engine() const { return engine_; }
+  scheduler::EngineClient& engine() const { return engine_; }
 
   // An empty model name means the served model. 404 for another model
   // name; 400 for a prompt of no tokens (an empty string still gets BOS
@@ -104,7 +104,7 @@ class Frontend {
 
  private:
   const LoadedModel& model_;
-  scheduler::Engine& engine_;
+  scheduler::EngineClient& engine_;
   FrontendOptions options_;
 };
 

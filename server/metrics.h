@@ -26,7 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "scheduler/engine.h"
+#include "scheduler/engine_client.h"
 #include "server/frontend.h"
 
 namespace prometheus {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kvcache/tier_kind.h"
-#include "scheduler/engine.h"
+#include "scheduler/engine_client.h"
 #include "server/openai_protocol.h"
 
 namespace strata::server {

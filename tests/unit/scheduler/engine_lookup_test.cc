@@ -15,6 +15,9 @@
 #include "model/model_loader.h"
 #include "scheduler/engine.h"
 #include "tests/support/test_env.h"
+#include "common/thread_pool.h"
+#include "model/forward.h"
+#include "model/generate.h"
 
 namespace strata::scheduler {
 namespace {

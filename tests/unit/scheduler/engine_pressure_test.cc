@@ -35,6 +35,9 @@
 #include "model/model_loader.h"
 #include "scheduler/engine.h"
 #include "tests/support/test_env.h"
+#include "common/thread_pool.h"
+#include "model/forward.h"
+#include "model/generate.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define STRATA_PRESSURE_SANITIZED 1

@@ -24,6 +24,11 @@
 #include "model/synth.h"
 #include "server/openai_routes.h"
 #include "tests/support/test_env.h"
+#include "common/thread_pool.h"
+#include "model/forward.h"
+#include "model/generate.h"
+#include "scheduler/engine.h"
+#include "kvcache/kv_manager.h"
 
 namespace strata::server {
 namespace {
