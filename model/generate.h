@@ -1,8 +1,8 @@
 #pragma once
 // Generation of one sequence: prefill, then sample and decode token by token
 // until a stop condition. Used by `strata generate`; the serving engine loop
-// batches many sequences with the same pieces (ForwardEngine, Sampler,
-// StopMatcher).
+// batches many sequences with the same output component
+// (model/output_processor.h: sampling, text, stop conditions).
 
 #include <functional>
 #include <span>

@@ -22,11 +22,22 @@ struct Engine::Sequence {
     // then the next token is sampled where the other engine stopped.
     tokens.insert(tokens.end(), req.continuation.generated.begin(), req.continuation.generated.end());
     generated = static_cast<int32_t>(req.continuation.generated.size());
+    continued = generated > 0;
     req.continuation = Continuation();  // the output processor holds its state now
     want_logprobs = req.sampling.logprobs || req.sampling.top_logprobs > 0;
   }
 
   int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
+  // Positions to compute this step, at most `budget`. A continuation
+  // computes its prompt in chunks that end at the prompt's end and then its
+  // generated tokens one per step, as the engine that generated them did
+  // (decode), so the logits it samples from are the same bits: the CPU
+  // kernels pick their path by the number of tokens in a step.
+  int32_t Chunk(int32_t from, int32_t budget) const {
+    const int32_t n = std::min(static_cast<int32_t>(tokens.size()) - from, budget);
+    if (!continued) return n;
+    return from < prompt_len ? std::min(n, prompt_len - from) : std::min(n, 1);
+  }
 
   RequestId id;
   EngineRequest req;
@@ -42,6 +53,7 @@ struct Engine::Sequence {
   bool loading = false;          // waiting for tier loads
   bool ever_admitted = false;
   bool want_logprobs = false;
+  bool continued = false;        // began with another engine's generated tokens
   // The asynchronous lookup of its cached prefix while waiting (see
   // Engine::LookedUp): in flight (id != 0), or answered in step `match_step`.
   uint64_t lookup = 0;
@@ -368,7 +380,7 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
       }
       start = std::min(kv_->PrefixTokens(s->id), len - 1);
     }
-    const int32_t chunk = std::min(len - start, *budget);
+    const int32_t chunk = s->Chunk(start, *budget);
     auto r = kv_->Allocate(s->id, start + chunk);
     // Prefetches of requests queued behind this one give way first.
     while (r && *r == kvcache::AllocOutcome::kNotNow && DropPrefetch(s)) r = kv_->Allocate(s->id, start + chunk);
@@ -405,7 +417,7 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
       continue;
     }
     OnReady(*s);
-    const int32_t n = std::min(s->remaining(), *budget);
+    const int32_t n = s->Chunk(s->num_computed, *budget);
     if (!EnsureBlocks(*s, s->num_computed + n, plan)) continue;
     plan->push_back({s, n});
     *budget -= n;
@@ -542,7 +554,7 @@ SchedulerOutput Engine::Schedule() {
   for (Sequence* s : snapshot) {
     if (budget <= 0) break;
     if (!still_running(s) || s->loading || s->remaining() <= 1) continue;
-    const int32_t n = std::min(s->remaining(), budget);
+    const int32_t n = s->Chunk(s->num_computed, budget);
     if (!EnsureBlocks(*s, s->num_computed + n, &plan)) continue;
     plan.push_back({s, n});
     budget -= n;

@@ -19,6 +19,18 @@
 //      requests' compute (see "Prefetch" below);
 //   4. runs one batched forward pass, samples, detects stops, commits full
 //      blocks to the KV manager and sends each request's new text to its sink.
+// Steps 1-3b are Schedule(), which returns the batch as a SchedulerOutput;
+// the StepRunner executes it; step 4 is Update(). Sampling, text and stop
+// conditions are each sequence's OutputProcessor (model/output_processor.h).
+//
+// Continuation: a request may start from another engine's generated tokens
+// (EngineRequest::continuation) and may pause after N tokens
+// (pause_after) to hand its continuation on. A continuation computes its
+// prompt in chunks that end at the prompt and its generated tokens one per
+// step, as decode computed them, so with the same batch shapes it samples
+// from bit-identical logits (the CPU kernels choose their path by a step's
+// token count, so a different shape, e.g. a prefix cache hit, can move the
+// last bits of a logprob).
 //
 // Blocks come only from the KV manager. When it answers "not now" for a
 // running sequence, the engine preempts the lowest-priority, latest-arrived

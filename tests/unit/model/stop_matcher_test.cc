@@ -3,6 +3,7 @@
 #include <string>
 
 #include "model/generate.h"
+#include "model/output_processor.h"
 
 namespace strata {
 namespace {

@@ -1,0 +1,240 @@
+// The EngineClient contract (scheduler/engine_client.h), on the in-process
+// Engine over the real stories260K model, used through the interface only:
+// one final event per stream whether cancelled before its first token, while
+// running, twice, or after it ended; events never inside Submit and, with
+// the loop running, on the engine's thread; cache lookup and flush answered
+// from there; nothing accepted once stopping; every block back in the pool.
+
+#include "scheduler/engine_client.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "kvcache/kv_manager.h"
+#include "model/forward.h"
+#include "model/model_loader.h"
+#include "scheduler/engine.h"
+#include "tests/support/test_env.h"
+
+namespace strata::scheduler {
+namespace {
+
+constexpr int kBlockSize = 4;
+
+struct Stream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  int events = 0;
+  int finals = 0;
+  FinishReason finish = FinishReason::kNone;
+  Status status;
+  std::thread::id thread;
+};
+
+class EngineClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = LoadModel(testing::Stories260KPath());
+    ASSERT_TRUE(m.ok()) << m.error().ToString();
+    model_ = std::move(m).value();
+    threads_ = std::make_unique<ThreadPool>(1);
+    KvOptions kv;
+    kv.block_size = kBlockSize;
+    kv.dtype = DType::kF32;
+    kv.num_blocks = 64;
+    fwd_ = std::move(ForwardEngine::Create(model_->weights, kv, threads_.get())).value();
+    kvcache::KvManagerOptions o;
+    o.block_size = kBlockSize;
+    o.num_device_blocks = kv.num_blocks;
+    o.block_bytes = fwd_->kv_layout().block_bytes();
+    o.ns = kvcache::NamespaceDigest(model_->weights.digest, model_->weights.config.arch, "f32", kBlockSize);
+    auto mem = [e = fwd_.get()](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
+    kv_ = std::move(kvcache::KvManager::Create(o, mem, std::vector<kvcache::LowerTier>{}, &clock_)).value();
+    runner_ = std::make_unique<ForwardEngineRunner>(fwd_.get());
+    engine_ = std::move(Engine::Create({}, runner_.get(), kv_.get(), model_->tokenizer.get(), &clock_)).value();
+    client_ = engine_.get();
+    prompt_ = TokenizePrompt(*model_, "Once upon a time, there was a little girl named Lily");
+  }
+
+  void TearDown() override {
+    if (engine_) engine_->Stop(0);
+    EXPECT_EQ(kv_->stats().device_pool.in_use, 0);
+  }
+
+  EngineRequest Request(int max_tokens) const {
+    EngineRequest r;
+    r.prompt = prompt_;
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    return r;
+  }
+
+  RequestId Submit(EngineRequest r, Stream* s) {
+    auto id = client_->Submit(std::move(r), [s](RequestOutput&& ev) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      ++s->events;
+      s->thread = std::this_thread::get_id();
+      s->tokens.insert(s->tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+      if (ev.finished) {
+        ++s->finals;
+        s->finish = ev.finish_reason;
+        s->status = ev.status;
+      }
+      s->cv.notify_all();
+    });
+    EXPECT_TRUE(id.ok()) << id.error().ToString();
+    return id.ok() ? *id : RequestId(0);
+  }
+
+  void Drain() {
+    for (int i = 0; i < 1000 && engine_->num_unfinished() > 0; ++i) ASSERT_TRUE(engine_->Step().ok());
+    ASSERT_EQ(engine_->num_unfinished(), 0);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine_->Step().ok());  // late cancels are taken too
+  }
+
+  kvcache::ManualClock clock_;
+  std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<ThreadPool> threads_;
+  std::unique_ptr<ForwardEngine> fwd_;
+  std::unique_ptr<kvcache::KvManager> kv_;
+  std::unique_ptr<ForwardEngineRunner> runner_;
+  std::unique_ptr<Engine> engine_;
+  EngineClient* client_ = nullptr;
+  std::vector<int32_t> prompt_;
+};
+
+TEST_F(EngineClientTest, CancelBeforeTheFirstTokenEndsWithOneAbort) {
+  Stream s;
+  const RequestId id = Submit(Request(8), &s);
+  EXPECT_EQ(s.events, 0);  // never inside Submit
+  client_->Cancel(id);
+  Drain();
+  EXPECT_EQ(s.finals, 1);
+  EXPECT_EQ(s.events, 1);
+  EXPECT_EQ(s.finish, FinishReason::kAbort);
+  EXPECT_EQ(s.status.code(), StatusCode::kCancelled);
+  EXPECT_TRUE(s.tokens.empty());
+}
+
+TEST_F(EngineClientTest, CancelWhileRunningTwiceEndsWithOneAbort) {
+  Stream s;
+  const RequestId id = Submit(Request(30), &s);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(engine_->Step().ok());
+  ASSERT_GT(s.tokens.size(), 0u);
+  ASSERT_EQ(s.finals, 0);
+  client_->Cancel(id);
+  client_->Cancel(id);
+  Drain();
+  client_->Cancel(id);  // and once more after the end
+  Drain();
+  EXPECT_EQ(s.finals, 1);
+  EXPECT_EQ(s.finish, FinishReason::kAbort);
+  EXPECT_LT(s.tokens.size(), 30u);
+}
+
+TEST_F(EngineClientTest, CancelAfterTheLastEventDoesNothing) {
+  Stream s;
+  const RequestId id = Submit(Request(5), &s);
+  Drain();
+  ASSERT_EQ(s.finals, 1);
+  ASSERT_EQ(s.finish, FinishReason::kLength);
+  const int events = s.events;
+  client_->Cancel(id);
+  client_->Cancel(RequestId(987654));  // never submitted
+  Drain();
+  EXPECT_EQ(s.events, events);
+  EXPECT_EQ(s.finals, 1);
+  EXPECT_EQ(s.tokens.size(), 5u);
+}
+
+TEST_F(EngineClientTest, EventsAndCallbacksArriveOnTheEngineThread) {
+  engine_->Start();
+  Stream s;
+  Submit(Request(6), &s);
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    ASSERT_TRUE(s.cv.wait_for(lock, std::chrono::seconds(30), [&] { return s.finals == 1; }));
+  }
+  EXPECT_NE(s.thread, std::this_thread::get_id());
+  EXPECT_EQ(s.finish, FinishReason::kLength);
+
+  // The prompt's full blocks are now cached on the device tier.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<CacheMatch> match;
+  std::thread::id where;
+  auto lookup = [&] {
+    match.reset();
+    ASSERT_TRUE(client_->LookupCache(prompt_, "", [&](const CacheMatch& m) {
+      std::lock_guard<std::mutex> lock(mu);
+      match = m;
+      where = std::this_thread::get_id();
+      cv.notify_all();
+    }));
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return match.has_value(); }));
+  };
+  lookup();
+  const int32_t whole_blocks = static_cast<int32_t>((prompt_.size() - 1) / kBlockSize * kBlockSize);
+  EXPECT_EQ(match->prompt_tokens, static_cast<int32_t>(prompt_.size()));
+  EXPECT_EQ(match->cached_tokens, whole_blocks);
+  EXPECT_EQ(match->block_size, kBlockSize);
+  ASSERT_EQ(match->tokens_by_tier.size(), client_->tier_names().size());
+  EXPECT_EQ(match->tokens_by_tier[0], whole_blocks);
+  EXPECT_EQ(client_->tier_names()[0], "device");
+  EXPECT_NE(where, std::this_thread::get_id());
+
+  std::optional<Result<kvcache::FlushResult>> flushed;
+  ASSERT_TRUE(client_->FlushCache(CacheFlush{}, [&](Result<kvcache::FlushResult> r) {
+    std::lock_guard<std::mutex> lock(mu);
+    flushed = std::move(r);
+    cv.notify_all();
+  }));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return flushed.has_value(); }));
+  }
+  ASSERT_TRUE(flushed->ok());
+  EXPECT_GE((*flushed)->device_blocks, static_cast<uint64_t>(whole_blocks / kBlockSize));
+  lookup();
+  EXPECT_EQ(match->cached_tokens, 0);
+
+  const EngineStats st = client_->Stats();
+  ASSERT_FALSE(st.tiers.empty());
+  EXPECT_EQ(st.tiers[0].name, "device");
+  EXPECT_EQ(st.finished_by_reason.at("length"), 1u);
+
+  engine_->Stop(0);
+  EXPECT_FALSE(client_->LookupCache(prompt_, "", [](const CacheMatch&) { ADD_FAILURE() << "called after stop"; }));
+  EXPECT_FALSE(client_->FlushCache(CacheFlush{}, [](Result<kvcache::FlushResult>) { ADD_FAILURE(); }));
+  Stream late;
+  auto refused = client_->Submit(Request(2), [&late](RequestOutput&&) { ++late.events; });
+  EXPECT_EQ(refused.error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(late.events, 0);
+}
+
+TEST_F(EngineClientTest, StoppingEndsEveryOpenStreamWithOneFinalEvent) {
+  Stream a, b;
+  Submit(Request(30), &a);
+  Submit(Request(30), &b);
+  ASSERT_TRUE(engine_->Step().ok());
+  engine_->Stop(0);
+  for (Stream* s : {&a, &b}) {
+    EXPECT_EQ(s->finals, 1);
+    EXPECT_EQ(s->finish, FinishReason::kAbort);
+    EXPECT_EQ(s->status.code(), StatusCode::kUnavailable);
+  }
+}
+
+}  // namespace
+}  // namespace strata::scheduler
