@@ -22,20 +22,20 @@ struct Engine::Sequence {
     // then the next token is sampled where the other engine stopped.
     tokens.insert(tokens.end(), req.continuation.generated.begin(), req.continuation.generated.end());
     generated = static_cast<int32_t>(req.continuation.generated.size());
-    continued = generated > 0;
+    replay_end = generated > 0 ? static_cast<int32_t>(tokens.size()) : 0;
     req.continuation = Continuation();  // the output processor holds its state now
     want_logprobs = req.sampling.logprobs || req.sampling.top_logprobs > 0;
   }
 
   int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
   // Positions to compute this step, at most `budget`. A continuation
-  // computes its prompt in chunks that end at the prompt's end and then its
-  // generated tokens one per step, as the engine that generated them did
-  // (decode), so the logits it samples from are the same bits: the CPU
-  // kernels pick their path by the number of tokens in a step.
+  // computes its prompt in chunks that end at the prompt's end and then the
+  // generated tokens it was given one per step, as the engine that
+  // generated them did (decode), so the logits it samples from are the same
+  // bits: the CPU kernels pick their path by the number of tokens in a step.
   int32_t Chunk(int32_t from, int32_t budget) const {
     const int32_t n = std::min(static_cast<int32_t>(tokens.size()) - from, budget);
-    if (!continued) return n;
+    if (from >= replay_end) return n;
     return from < prompt_len ? std::min(n, prompt_len - from) : std::min(n, 1);
   }
 
@@ -53,7 +53,7 @@ struct Engine::Sequence {
   bool loading = false;          // waiting for tier loads
   bool ever_admitted = false;
   bool want_logprobs = false;
-  bool continued = false;        // began with another engine's generated tokens
+  int32_t replay_end = 0;        // a continuation: end of the given generated tokens, else 0
   // The asynchronous lookup of its cached prefix while waiting (see
   // Engine::LookedUp): in flight (id != 0), or answered in step `match_step`.
   uint64_t lookup = 0;
