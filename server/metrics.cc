@@ -130,6 +130,15 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
       "Tokens computed by forward passes: kind=prefill (prompt chunks of 2+ tokens), kind=decode (one-token entries).");
   rejected_ = counter_family("strata_requests_rejected_total",
                              "Submissions refused because the waiting queue was full.");
+  lane_queued_ = gauge_family("strata_frontend_lane_queued",
+                              "Requests waiting for a front-end worker, by lane (small, large body).");
+  lane_running_ = gauge_family("strata_frontend_lane_running", "Requests on a front-end worker now, by lane.");
+  lane_requests_ = counter_family("strata_frontend_lane_requests_total",
+                                  "Requests queued for a front-end worker (parse, template, tokenize), by lane.");
+  lane_rejected_ = counter_family("strata_frontend_lane_rejected_total",
+                                  "Requests refused with 503 because their lane's queue was full, by lane.");
+  write_timeouts_ = counter_family("strata_stream_write_timeouts_total",
+                                   "Streams cancelled because the client did not read for the write timeout.");
   device_evictions_ =
       counter_family("strata_kv_device_evictions_total",
                      "Cached device blocks whose contents were dropped for reuse or by a flush.");
@@ -280,9 +289,20 @@ std::map<std::string, std::string> ServerMetrics::TierLabels(kvcache::TierKind k
   return {{"tier", std::string(kvcache::TierKindName(kind))}, {"tier_name", name}};
 }
 
-std::string ServerMetrics::Render(const scheduler::EngineStats& s) {
+std::string ServerMetrics::Render(const scheduler::EngineStats& s, const FrontDoorStats* front) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (front != nullptr) {
+      for (size_t i = 0; i < kNumLanes; ++i) {
+        const std::map<std::string, std::string> lane = {{"lane", std::string(LaneName(static_cast<Lane>(i)))}};
+        const LaneStats& l = front->lanes[i];
+        lane_queued_->Add(lane).Set(l.queued);
+        lane_running_->Add(lane).Set(l.running);
+        SetDelta(*lane_requests_, "lane_requests", lane, static_cast<double>(l.accepted));
+        SetDelta(*lane_rejected_, "lane_rejected", lane, static_cast<double>(l.rejected));
+      }
+      SetDelta(*write_timeouts_, "write_timeouts", {}, static_cast<double>(front->write_timeouts));
+    }
     running_->Set(s.num_running);
     waiting_->Set(s.num_waiting);
     device_blocks_in_use_->Set(s.device_blocks_in_use);

@@ -18,6 +18,7 @@
 // Thread-safety: every method may be called from any thread, concurrently.
 // OnEvent is cheap and never blocks on I/O (it runs on the engine thread).
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -28,6 +29,7 @@
 
 #include "scheduler/engine_client.h"
 #include "server/frontend.h"
+#include "server/request_lanes.h"
 
 namespace prometheus {
 class Registry;
@@ -39,6 +41,13 @@ class Family;
 }  // namespace prometheus
 
 namespace strata::server {
+
+// The front door's own figures (request lanes, slow readers), given to
+// Render by whoever owns them.
+struct FrontDoorStats {
+  std::array<LaneStats, kNumLanes> lanes{};  // by Lane
+  uint64_t write_timeouts = 0;               // streams cancelled because the client stopped reading
+};
 
 // The exposition's content type.
 inline constexpr const char* kMetricsContentType = "text/plain; version=0.0.4; charset=utf-8";
@@ -61,7 +70,7 @@ class ServerMetrics final : public RequestObserver {
 
   // Updates the engine-derived series from `stats` and returns the text
   // exposition (content type kMetricsContentType).
-  std::string Render(const scheduler::EngineStats& stats);
+  std::string Render(const scheduler::EngineStats& stats, const FrontDoorStats* front = nullptr);
 
   // Requests seen whose final event has not come yet (tests, diagnostics).
   size_t tracked_requests() const;
@@ -144,6 +153,11 @@ class ServerMetrics final : public RequestObserver {
   prometheus::Family<prometheus::Histogram>* tier_load_latency_ = nullptr;   // {tier}
   prometheus::Family<prometheus::Histogram>* tier_write_latency_ = nullptr;  // {tier}
   prometheus::Family<prometheus::Counter>* tier_corrupt_ = nullptr;          // {tier}
+  prometheus::Family<prometheus::Gauge>* lane_queued_ = nullptr;             // {lane}
+  prometheus::Family<prometheus::Gauge>* lane_running_ = nullptr;            // {lane}
+  prometheus::Family<prometheus::Counter>* lane_requests_ = nullptr;         // {lane}
+  prometheus::Family<prometheus::Counter>* lane_rejected_ = nullptr;         // {lane}
+  prometheus::Family<prometheus::Counter>* write_timeouts_ = nullptr;
 
   mutable std::mutex mu_;  // guards the maps below
   std::unordered_map<uint64_t, RequestState> requests_state_;

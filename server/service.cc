@@ -31,8 +31,18 @@ bool SecretEquals(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-Service::Service(ServiceOptions options) : options_(std::move(options)) {}
-Service::~Service() = default;
+Service::Service(ServiceOptions options) : options_(std::move(options)), lanes_(options_.lanes) {}
+Service::~Service() { Stop(); }
+
+void Service::Stop() { lanes_.Stop(); }
+
+void Service::SendError(const ApiError& e, const std::shared_ptr<ResponseWriter>& w) const {
+  HeaderList h;
+  if (e.http_status == 429 || e.http_status == 503)
+    h.emplace_back("retry-after", std::to_string(options_.retry_after_seconds));
+  if (e.http_status == 401) h.emplace_back("www-authenticate", "Bearer");
+  w->Send(e.http_status, "application/json", e.ToBody(), std::move(h));
+}
 
 void Service::SetBackend(Frontend* frontend, OpenAiRoutes* openai, AdminRoutes* admin, ServerMetrics* metrics) {
   owned_ = std::make_unique<Backend>(Backend{frontend, openai, admin, metrics});
@@ -51,17 +61,11 @@ bool Service::Authorized(const HttpRequest& req) const {
 
 void Service::Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w) {
   const std::string retry = std::to_string(options_.retry_after_seconds);
-  auto send_error = [&](const ApiError& e) {
-    HeaderList h;
-    if (e.http_status == 429 || e.http_status == 503) h.emplace_back("retry-after", retry);
-    if (e.http_status == 401) h.emplace_back("www-authenticate", "Bearer");
-    w->Send(e.http_status, "application/json", e.ToBody(), std::move(h));
-  };
   Backend* b = backend_.load(std::memory_order_acquire);
   const bool draining = draining_.load();
   if (req.path == "/health") {
     if (req.method != "GET" && req.method != "HEAD")
-      return send_error(ApiError{405, "invalid_request_error", "use GET for /health", "", "method_not_allowed"});
+      return SendError(ApiError{405, "invalid_request_error", "use GET for /health", "", "method_not_allowed"}, w);
     if (b == nullptr)
       return w->Send(503, "application/json", R"({"status":"loading"})", {{"retry-after", retry}});
     if (draining) return w->Send(503, "application/json", R"({"status":"draining"})", {{"retry-after", retry}});
@@ -69,26 +73,45 @@ void Service::Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w) {
   }
   if (req.path == "/metrics") {
     if (b == nullptr || b->metrics == nullptr)
-      return send_error(ApiError::Unavailable("the model is still loading"));
-    return w->Send(200, "text/plain; version=0.0.4; charset=utf-8", b->metrics->Render(b->frontend->engine().Stats()));
+      return SendError(ApiError::Unavailable("the model is still loading"), w);
+    FrontDoorStats front;
+    for (size_t i = 0; i < kNumLanes; ++i) front.lanes[i] = lanes_.stats(static_cast<Lane>(i));
+    return w->Send(200, "text/plain; version=0.0.4; charset=utf-8",
+                   b->metrics->Render(b->frontend->engine().Stats(), &front));
   }
   if (req.path == "/" && req.method == "GET")
     return w->Send(200, "application/json", R"({"service":"strata","docs":"see docs/api.md"})");
+  // Everything else parses JSON or tokenizes: off the I/O thread.
+  const Lane lane = lanes_.Classify(req.body.size());
+  auto work = [this, r = std::make_shared<HttpRequest>(std::move(req)), w] { Route(std::move(*r), w); };
+  if (!lanes_.Post(lane, std::move(work))) {
+    const LaneOptions& lo = lane == Lane::kSmall ? lanes_.options().small : lanes_.options().large;
+    SendError(ApiError::Unavailable("the server is busy: the " + std::string(LaneName(lane)) +
+                                    "-request lane has " + std::to_string(lo.max_queue) +
+                                    " requests waiting; retry later"),
+              w);
+  }
+}
+
+void Service::Route(HttpRequest&& req, const std::shared_ptr<ResponseWriter>& w) {
+  Backend* b = backend_.load(std::memory_order_acquire);
+  const bool draining = draining_.load();
   if (req.path.rfind("/admin/", 0) == 0) {
-    if (b == nullptr) return send_error(ApiError::Unavailable("the model is still loading"));
+    if (b == nullptr) return SendError(ApiError::Unavailable("the model is still loading"), w);
     if (b->admin != nullptr && b->admin->Handle(req, w)) return;
-    return send_error(ApiError::NotFound("no admin endpoint " + req.method + " " + req.path));
+    return SendError(ApiError::NotFound("no admin endpoint " + req.method + " " + req.path), w);
   }
   if (IsApiPath(req.path)) {
     if (!Authorized(req))
-      return send_error(ApiError::Unauthorized(req.header("authorization").empty()
-                                                   ? "missing API key: send the header 'Authorization: Bearer KEY'"
-                                                   : "invalid API key"));
-    if (b == nullptr) return send_error(ApiError::Unavailable("the model is still loading; retry shortly"));
-    if (draining) return send_error(ApiError::Unavailable("the server is shutting down"));
+      return SendError(ApiError::Unauthorized(req.header("authorization").empty()
+                                                  ? "missing API key: send the header 'Authorization: Bearer KEY'"
+                                                  : "invalid API key"),
+                       w);
+    if (b == nullptr) return SendError(ApiError::Unavailable("the model is still loading; retry shortly"), w);
+    if (draining) return SendError(ApiError::Unavailable("the server is shutting down"), w);
     if (b->openai->Handle(req, w)) return;
   }
-  send_error(ApiError::NotFound("no route " + req.method + " " + req.path));
+  SendError(ApiError::NotFound("no route " + req.method + " " + req.path), w);
 }
 
 void Service::OnAccess(const AccessRecord& r) {

@@ -2,23 +2,32 @@
 // The HTTP service of `strata serve`: authentication, /health, /metrics,
 // /admin/ and the OpenAI routes behind one HttpHandler, plus the access log.
 //
+// The I/O thread that calls Handle only moves bytes: /health, /metrics and
+// / are answered there (no parsing, no tokenizer); every other request goes
+// to a request lane by its body size (server/request_lanes.h), where its
+// JSON is parsed, its chat template applied, its prompt tokenized and it is
+// submitted to the engine. A full lane answers 503 with Retry-After.
+//
 // The HTTP server starts before the model is loaded (so /health can say 503
 // while it loads); SetBackend() attaches the routes once the engine runs.
 // Until then, and again while draining, /health answers 503 and API routes
 // 503 with Retry-After.
 //
 // Thread-safety: Handle and OnAccess run on the HTTP server's I/O threads;
-// SetBackend / SetDraining may be called from any thread.
+// SetBackend / SetDraining / Stop may be called from any thread (Stop not
+// from a lane worker).
 
 #include <atomic>
 #include <memory>
 #include <string>
 
 #include "server/http_server.h"
+#include "server/request_lanes.h"
 
 namespace strata::server {
 
 class Frontend;
+struct ApiError;
 class OpenAiRoutes;
 class AdminRoutes;
 class ServerMetrics;
@@ -27,6 +36,7 @@ struct ServiceOptions {
   std::string api_key;      // required as "Authorization: Bearer KEY" on /v1/*, /tokenize, /detokenize; empty = open
   std::string admin_token;  // required on /admin/* (checked by AdminRoutes); empty = open
   int retry_after_seconds = 1;  // Retry-After on 429 and 503
+  RequestLanesOptions lanes;     // workers and queue limits of the small and large lanes
 };
 
 class Service {
@@ -41,6 +51,11 @@ class Service {
 
   void Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w);
   void OnAccess(const AccessRecord& record);
+  // Runs what the lanes hold and stops their workers; later requests get
+  // 503. Call after the HTTP server stopped reading, before the backend's
+  // parts are destroyed.
+  void Stop();
+  LaneStats lane_stats(Lane lane) const { return lanes_.stats(lane); }
 
  private:
   struct Backend {
@@ -50,11 +65,15 @@ class Service {
     ServerMetrics* metrics;
   };
   bool Authorized(const HttpRequest& req) const;
+  // On a lane worker: admin and API routes.
+  void Route(HttpRequest&& req, const std::shared_ptr<ResponseWriter>& w);
+  void SendError(const ApiError& e, const std::shared_ptr<ResponseWriter>& w) const;
 
   const ServiceOptions options_;
   std::atomic<Backend*> backend_{nullptr};
   std::unique_ptr<Backend> owned_;
   std::atomic<bool> draining_{false};
+  RequestLanes lanes_;
 };
 
 }  // namespace strata::server

@@ -61,6 +61,10 @@ struct ServeFlags {
   std::string max_body_bytes = "16M";
   double shutdown_grace_seconds = 30;
   int io_threads = 2;
+  int parse_threads = 2;
+  std::string small_body_bytes = "256K";
+  int small_lane_queue = 1024;
+  int large_lane_queue = 16;
   std::string kv_default_cap = "4G";
 };
 
@@ -75,6 +79,7 @@ const std::vector<std::string>& ServeKeys() {
       "server.host",          "server.port",           "server.grpc_port",          "server.api_key",
       "server.admin_token",   "server.served_model_name", "server.max_body_bytes",  "server.io_threads",
       "server.shutdown_grace_seconds", "server.max_n",  "engine.max_num_seqs",       "engine.max_waiting",
+      "server.parse_threads", "server.small_body_bytes", "server.small_lane_queue", "server.large_lane_queue",
       "engine.max_batch_tokens",
   };
   return keys;
@@ -108,6 +113,12 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
   STRATA_RETURN_IF_ERROR(str("--max-body-bytes", "server.max_body_bytes", &f->max_body_bytes));
   STRATA_RETURN_IF_ERROR(integer("--io-threads", "server.io_threads", &f->io_threads, 1, 256));
   STRATA_RETURN_IF_ERROR(integer("--max-n", "server.max_n", &f->max_n, 1, 128));
+  STRATA_RETURN_IF_ERROR(integer("--parse-threads", "server.parse_threads", &f->parse_threads, 1, 256));
+  STRATA_RETURN_IF_ERROR(str("--small-body-bytes", "server.small_body_bytes", &f->small_body_bytes));
+  STRATA_RETURN_IF_ERROR(
+      integer("--small-lane-queue", "server.small_lane_queue", &f->small_lane_queue, 1, 1 << 20));
+  STRATA_RETURN_IF_ERROR(
+      integer("--large-lane-queue", "server.large_lane_queue", &f->large_lane_queue, 1, 1 << 20));
   STRATA_RETURN_IF_ERROR(integer("--max-num-seqs", "engine.max_num_seqs", &f->max_num_seqs, 1, 65536));
   STRATA_RETURN_IF_ERROR(integer("--max-waiting", "engine.max_waiting", &f->max_waiting, 0, 1 << 24));
   STRATA_RETURN_IF_ERROR(integer("--max-batch-tokens", "engine.max_batch_tokens", &f->max_batch_tokens, 1, 1 << 20));
@@ -179,11 +190,18 @@ int Run(CLI::App* cmd, ServeFlags& f) {
                                         "' is not a positive size"));
   auto kv_cap = ParseByteSize(f.kv_default_cap);
   if (!kv_cap) return Fail(kv_cap.error());
+  auto small_body = ParseByteSize(f.small_body_bytes);
+  if (!small_body)
+    return Fail(Status::InvalidArgument("--small-body-bytes (server.small_body_bytes): '" + f.small_body_bytes +
+                                        "' is not a size"));
 
   // 1. HTTP first: /health says 503 while the model loads.
   server::ServiceOptions so;
   so.api_key = f.api_key;
   so.admin_token = f.admin_token;
+  so.lanes.small_body_bytes = *small_body;
+  so.lanes.small = {f.parse_threads, f.small_lane_queue};
+  so.lanes.large = {f.parse_threads, f.large_lane_queue};
   server::Service service(so);
   server::HttpServerOptions ho;
   ho.host = f.host;
@@ -287,6 +305,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   // Let the final chunks (and the [DONE] of cancelled streams) go out.
   if (!(*http)->WaitForResponses(5)) STRATA_LOG_WARN("some HTTP responses were still being written at shutdown");
   (*http)->Stop();
+  service.Stop();  // what the request lanes still hold runs (503: draining) before the routes go away
   const kvcache::KvManagerStats ks = (*stack)->manager->stats();
   grpc.reset();
   engine->reset();  // before the KV stack it points into
@@ -327,7 +346,21 @@ void RegisterServe(CLI::App& app, int* exit_code) {
                   "on SIGTERM, time in-flight requests get to finish before they are cancelled")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
-  cmd->add_option("--io-threads", f->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--io-threads", f->io_threads, "HTTP I/O threads (they only move bytes)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--parse-threads", f->parse_threads,
+                  "workers per request lane (parse, chat template, tokenize, render); two lanes: small and large bodies")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--small-body-bytes", f->small_body_bytes, "bodies up to this size use the small lane")
+      ->capture_default_str();
+  cmd->add_option("--small-lane-queue", f->small_lane_queue, "requests waiting in the small lane; more get 503")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--large-lane-queue", f->large_lane_queue, "requests waiting in the large lane; more get 503")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--kv-default-device-cap", f->kv_default_cap,
                   "without --kv-device-bytes: the device KV pool is max-num-seqs full contexts, at most this size")
       ->capture_default_str();
