@@ -60,6 +60,7 @@ struct Engine::Sequence {
   uint64_t match_step = 0;  // 0: no answer
   kvcache::PrefixMatch match;
   bool blocked = false;     // the head of the queue, refused blocks last time
+  bool held = false;        // SetHeld: not scheduled while running
   OutputProcessor output;  // sampling, text, stop conditions
   // Deltas for the next event.
   std::vector<int32_t> new_tokens;
@@ -171,6 +172,12 @@ void Engine::Cancel(RequestId id) {
   wake_.notify_one();
 }
 
+void Engine::SetHeld(RequestId id, bool held) {
+  std::lock_guard<std::mutex> lock(mu_);
+  holds_.emplace_back(id, held);
+  wake_.notify_one();
+}
+
 bool Engine::Post(std::function<void(kvcache::KvManager&)> task) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return false;
@@ -238,11 +245,13 @@ void Engine::RemoveWaiting(Sequence* s) {
 void Engine::TakeInbox() {
   std::vector<Pending> inbox;
   std::vector<RequestId> cancels;
+  std::vector<std::pair<RequestId, bool>> holds;
   std::vector<std::function<void(kvcache::KvManager&)>> tasks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox.swap(inbox_);
     cancels.swap(cancels_);
+    holds.swap(holds_);
     tasks.swap(tasks_);
   }
   for (auto& task : tasks) task(*kv_);
@@ -255,6 +264,8 @@ void Engine::TakeInbox() {
     seqs_.emplace(p.id.value(), std::move(seq));
     AddWaiting(s);  // already counted in queued_ by Submit
   }
+  for (const auto& [id, held] : holds)
+    if (auto it = seqs_.find(id.value()); it != seqs_.end()) it->second->held = held;
   for (RequestId id : cancels) {
     auto it = seqs_.find(id.value());
     if (it == seqs_.end()) continue;
@@ -545,7 +556,7 @@ SchedulerOutput Engine::Schedule() {
   };
   for (Sequence* s : snapshot) {
     if (budget <= 0) break;
-    if (!still_running(s) || s->loading || s->remaining() != 1) continue;
+    if (!still_running(s) || s->loading || s->held || s->remaining() != 1) continue;
     if (!EnsureBlocks(*s, s->num_computed + 1, &plan)) continue;
     plan.push_back({s, 1});
     --budget;
@@ -553,7 +564,7 @@ SchedulerOutput Engine::Schedule() {
   // 2. Prompt chunks of running sequences still in prefill.
   for (Sequence* s : snapshot) {
     if (budget <= 0) break;
-    if (!still_running(s) || s->loading || s->remaining() <= 1) continue;
+    if (!still_running(s) || s->loading || s->held || s->remaining() <= 1) continue;
     const int32_t n = s->Chunk(s->num_computed, budget);
     if (!EnsureBlocks(*s, s->num_computed + n, &plan)) continue;
     plan.push_back({s, n});
@@ -689,11 +700,15 @@ void Engine::Loop() {
     if (*r) continue;
     // Idle: sleep until new work arrives; poll tier I/O now and then (loads
     // in flight: often; otherwise write-throughs settle within 10 ms).
-    bool loading = false;
-    for (const Sequence* s : running_) loading |= s->loading;
+    // Held requests wait for SetHeld (which wakes the loop), not for a poll.
+    bool loading = false, active = false;
+    for (const Sequence* s : running_) {
+      loading |= s->loading;
+      active |= !s->held;
+    }
     std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait_for(lock, loading || !running_.empty() ? std::chrono::microseconds(200) : std::chrono::microseconds(10000),
-                   [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !tasks_.empty(); });
+    wake_.wait_for(lock, loading || active ? std::chrono::microseconds(200) : std::chrono::microseconds(10000),
+                   [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !holds_.empty() || !tasks_.empty(); });
   }
 }
 

@@ -163,6 +163,7 @@ class Engine final : public EngineClient {
   // max_tokens; pause_after, when set, more than the continuation's tokens.
   Result<RequestId> Submit(EngineRequest request, OutputSink sink) override;
   void Cancel(RequestId id) override;
+  void SetHeld(RequestId id, bool held) override;
   EngineStats Stats() const override;
   const std::vector<std::string>& tier_names() const override { return tier_names_; }
   const std::vector<kvcache::TierKind>& tier_kinds() const override { return tier_kinds_; }
@@ -260,6 +261,7 @@ class Engine final : public EngineClient {
   };
   std::vector<Pending> inbox_;
   std::vector<RequestId> cancels_;
+  std::vector<std::pair<RequestId, bool>> holds_;
   std::vector<std::function<void(kvcache::KvManager&)>> tasks_;
   int queued_ = 0;  // inbox + waiting: what max_waiting bounds
   int unfinished_ = 0;

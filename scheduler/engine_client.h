@@ -168,6 +168,11 @@ class EngineClient {
   virtual Result<RequestId> Submit(EngineRequest request, OutputSink sink) = 0;
   // See the top: one final "abort" event, at most, within one engine step.
   virtual void Cancel(RequestId id) = 0;
+  // Backpressure: a held request keeps its place and its KV blocks but is
+  // not scheduled, so it generates nothing until released (its consumer
+  // cannot take more output now). Takes effect within one engine step;
+  // unknown or finished ids are ignored. Cancel still works while held.
+  virtual void SetHeld(RequestId id, bool held) = 0;
   // A consistent snapshot; `tiers` is the usage of every tier.
   virtual EngineStats Stats() const = 0;
   // Tier names and kinds by index: "device" first, then the lower tiers in

@@ -53,6 +53,10 @@ class Call {
   void Cancel() {
     for (RequestId id : ids_) engine_->Cancel(id);
   }
+  // Holds (or releases) every choice: see EngineClient::SetHeld.
+  void SetHeld(bool held) {
+    for (RequestId id : ids_) engine_->SetHeld(id, held);
+  }
   const std::vector<RequestId>& ids() const { return ids_; }
 
  private:

@@ -136,6 +136,9 @@ class Exchange {
   // The handler dropped its writer: 500 if nothing was sent, abort an
   // unfinished stream.
   void Abandon();
+  uint64_t buffered_bytes() const;
+  bool over_buffer_limit() const;
+  void OnDrained(std::function<void()> f);
 
   // Strand side. Marks the exchange closed (the client left or the connection
   // closed) and returns the OnClose callback to run, if the response had not
@@ -184,6 +187,9 @@ class WriterHandle final : public ResponseWriter {
   void AddLogField(std::string key, std::string value) override {
     ex_->AddLogField(std::move(key), std::move(value));
   }
+  uint64_t buffered_bytes() const override { return ex_->buffered_bytes(); }
+  bool over_buffer_limit() const override { return ex_->over_buffer_limit(); }
+  void OnDrained(std::function<void()> f) override { ex_->OnDrained(std::move(f)); }
 
  private:
   std::shared_ptr<Exchange> ex_;
@@ -206,6 +212,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Enqueue(std::string* pieces, size_t n, bool last, bool close_after);
   // Any thread: close from the strand.
   void PostClose(bool client_gone);
+  // Any thread: bytes enqueued and not yet written; the drained callback
+  // (see ResponseWriter::OnDrained).
+  uint64_t buffered_bytes() {
+    std::lock_guard lock(out_mu_);
+    return out_bytes_;
+  }
+  uint64_t max_buffered_bytes() const;
+  void OnDrained(std::function<void()> f);
 
  private:
   enum class State { kReading, kResponding, kLingering, kClosed };
@@ -252,6 +266,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool write_active_ = false;  // a DoFlush is posted or a write is in flight
   bool out_last_ = false;
   bool out_close_after_ = false;
+  uint64_t out_bytes_ = 0;                // pending + in flight
+  std::function<void()> on_drained_;      // run when out_bytes_ <= half the limit
+  bool out_closed_ = false;               // Close ran
+  // Strand: the deadline armed is a write's (see write_timeout_seconds).
+  bool write_deadline_ = false;
+  bool write_timed_out_ = false;
 };
 
 class ServerImpl final : public HttpServer {
@@ -657,7 +677,10 @@ void Connection::Enqueue(std::string* pieces, size_t n, bool last, bool close_af
   bool post = false;
   {
     std::lock_guard lock(out_mu_);
-    for (size_t i = 0; i < n; ++i) out_pending_.push_back(std::move(pieces[i]));
+    for (size_t i = 0; i < n; ++i) {
+      out_bytes_ += pieces[i].size();
+      out_pending_.push_back(std::move(pieces[i]));
+    }
     if (last) {
       out_last_ = true;
       out_close_after_ = close_after;
@@ -692,6 +715,11 @@ void Connection::DoFlush() {
   for (const auto& s : inflight_) {
     if (!s.empty()) buffers_.emplace_back(s.data(), s.size());
   }
+  if (state_ == State::kResponding) {
+    write_deadline_ = true;
+    SetDeadline(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                                   server_->options().write_timeout_seconds)));
+  }
   asio::async_write(socket_, buffers_,
                     [self = shared_from_this()](error_code ec, size_t n) { self->OnWrite(ec, n); });
 }
@@ -704,6 +732,18 @@ void Connection::OnWrite(error_code ec, size_t n) {
   }
   if (current_) current_->bytes_out += n;
   inflight_.clear();
+  if (write_deadline_) {
+    write_deadline_ = false;
+    if (state_ == State::kResponding) SetDeadline(Clock::time_point::max());
+  }
+  std::function<void()> drained;
+  {
+    std::lock_guard lock(out_mu_);
+    out_bytes_ = n < out_bytes_ ? out_bytes_ - n : 0;
+    if (on_drained_ && out_bytes_ <= max_buffered_bytes() / 2) drained = std::move(on_drained_);
+    if (drained) on_drained_ = nullptr;
+  }
+  if (drained) drained();
   if (peer_gone_) {
     bool complete = false;
     {
@@ -751,9 +791,52 @@ void Connection::FinishExchange(bool client_closed) {
   rec.path = ex->path;
   rec.remote = ex->remote;
   rec.client_closed = client_closed;
+  rec.write_timeout = write_timed_out_;
   rec.seconds = std::chrono::duration<double>(Clock::now() - ex->start).count();
   rec.bytes_out = ex->bytes_out;
   server_->Access(rec);
+}
+
+uint64_t Connection::max_buffered_bytes() const { return std::max<uint64_t>(1, server_->options().max_buffered_bytes); }
+
+void Connection::OnDrained(std::function<void()> f) {
+  {
+    std::lock_guard lock(out_mu_);
+    if (out_closed_) return;  // OnClose runs (or ran) instead
+    if (out_bytes_ > max_buffered_bytes() / 2) {
+      on_drained_ = std::move(f);
+      return;
+    }
+  }
+  if (f) f();
+}
+
+uint64_t Exchange::buffered_bytes() const {
+  std::shared_ptr<Connection> c;
+  {
+    std::lock_guard lock(mu_);
+    c = conn_;
+  }
+  return c ? c->buffered_bytes() : 0;
+}
+
+bool Exchange::over_buffer_limit() const {
+  std::shared_ptr<Connection> c;
+  {
+    std::lock_guard lock(mu_);
+    c = conn_;
+  }
+  return c && c->buffered_bytes() > c->max_buffered_bytes();
+}
+
+void Exchange::OnDrained(std::function<void()> f) {
+  std::shared_ptr<Connection> c;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    c = conn_;
+  }
+  if (c) c->OnDrained(std::move(f));
 }
 
 void Connection::PostClose(bool client_gone) {
@@ -779,6 +862,9 @@ void Connection::Close(bool client_gone) {
   {
     std::lock_guard lock(out_mu_);
     out_pending_.clear();
+    out_bytes_ = 0;
+    on_drained_ = nullptr;
+    out_closed_ = true;
   }
   server_->Unregister(id_);
 }
@@ -799,6 +885,13 @@ void Connection::OnTimer(error_code ec, uint64_t gen) {
   if (state_ == State::kClosed || deadline_ == Clock::time_point::max()) return;
   if (Clock::now() < deadline_) {
     SetDeadline(deadline_);
+    return;
+  }
+  if (write_deadline_) {
+    // The client has not taken a byte for write_timeout_seconds: treat it as
+    // gone (the handler's OnClose cancels its work).
+    write_timed_out_ = true;
+    Close(/*client_gone=*/true);
     return;
   }
   // Header/body too slow, keep-alive idle, or linger over: close quietly.
@@ -865,6 +958,14 @@ void ServerImpl::OnAccept(error_code ec, tcp::socket socket) {
     error_code ignored;
     socket.close(ignored);
   } else {
+    if (options_.socket_send_buffer_bytes > 0) {
+      // A bounded kernel buffer makes a client that stops reading visible
+      // to the write timeout and the stream buffer (it would otherwise
+      // absorb megabytes per connection).
+      error_code ignored;
+      socket.set_option(asio::socket_base::send_buffer_size(static_cast<int>(options_.socket_send_buffer_bytes)),
+                        ignored);
+    }
     uint64_t id = next_id_++;
     auto conn = std::make_shared<Connection>(this, std::move(socket), id);
     {

@@ -64,6 +64,17 @@ class ResponseWriter {
   virtual bool closed() const = 0;
   // Adds "key=value" to this request's access log line.
   virtual void AddLogField(std::string key, std::string value) = 0;
+  // Bytes queued for this connection and not yet written to its socket.
+  // Write never drops data; a producer that sees more than
+  // HttpServerOptions::max_buffered_bytes should stop producing until
+  // OnDrained fires.
+  virtual uint64_t buffered_bytes() const = 0;
+  virtual bool over_buffer_limit() const = 0;
+  // `f` runs once, on an I/O thread, when the queued bytes fall to half the
+  // limit or less (at once, on the caller's thread, if they already are).
+  // Not run if the connection closes first (OnClose runs instead). A later
+  // call replaces an earlier one not yet run.
+  virtual void OnDrained(std::function<void()> f) = 0;
 };
 
 using HttpHandler = std::function<void(HttpRequest&&, std::shared_ptr<ResponseWriter>)>;
@@ -72,6 +83,7 @@ struct AccessRecord {
   std::string request_id, method, path, remote;
   int status = 0;          // 0 when the client left before a response started
   bool client_closed = false;
+  bool write_timeout = false;  // closed because the client read nothing for write_timeout_seconds
   double seconds = 0;      // request read → response complete
   uint64_t bytes_out = 0;
   std::vector<std::pair<std::string, std::string>> fields;  // AddLogField
@@ -86,6 +98,15 @@ struct HttpServerOptions {
   int max_connections = 20000;            // beyond: accepted and closed at once
   double header_timeout_seconds = 30;     // to read a request's header and body
   double keepalive_timeout_seconds = 120; // idle between requests
+  // A response write that makes no progress for this long (the client stopped
+  // reading and the socket buffers are full) closes the connection like a
+  // hang-up: OnClose runs, the access record says write_timeout.
+  double write_timeout_seconds = 30;
+  uint64_t max_buffered_bytes = 1u << 20;  // per connection; see ResponseWriter::buffered_bytes
+  // SO_SNDBUF of accepted connections (Linux doubles it); 0 = the kernel's
+  // autotuning, which lets a client that never reads absorb up to
+  // net.ipv4.tcp_wmem's maximum (4 MiB) before anything stalls.
+  uint64_t socket_send_buffer_bytes = 64u << 10;
 };
 
 class HttpServer {

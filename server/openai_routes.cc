@@ -89,7 +89,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
       std::lock_guard<std::mutex> lock(mu_);
       cancel = HandleEvent(index, std::move(ev));
     }
-    if (cancel) Cancel();
+    if (cancel) return Cancel();
+    if (req_.params.stream) HoldWhileBuffered();
   }
 
  private:
@@ -102,6 +103,31 @@ class Generation : public std::enable_shared_from_this<Generation> {
     bool sent_first = false;  // streaming: role (chat) / echo (completions) chunk written
     int64_t text_offset = 0;  // completions logprobs: bytes returned so far
   };
+
+  // Backpressure for a client that reads slower than we generate: once the
+  // connection holds more than its buffer limit, every choice is held in the
+  // engine (keeping its place and blocks, generating nothing) until the
+  // socket drains to half the limit. A client that reads nothing at all is
+  // closed by the write timeout, which cancels the request like a hang-up.
+  void HoldWhileBuffered() {
+    std::shared_ptr<Call> c;
+    {
+      std::lock_guard<std::mutex> lock(call_mu_);
+      if (held_ || cancel_requested_ || call_ == nullptr || !w_->over_buffer_limit()) return;
+      held_ = true;
+      c = call_;
+    }
+    c->SetHeld(true);
+    w_->OnDrained([self = shared_from_this()] {
+      std::shared_ptr<Call> call;
+      {
+        std::lock_guard<std::mutex> lock(self->call_mu_);
+        self->held_ = false;
+        call = self->call_;
+      }
+      if (call) call->SetHeld(false);
+    });
+  }
 
   bool chat() const { return req_.params.kind == ApiKind::kChat; }
   bool want_logprobs() const {
@@ -283,6 +309,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::mutex call_mu_;
   std::shared_ptr<Call> call_;
   bool cancel_requested_ = false;
+  bool held_ = false;  // every choice held in the engine until the connection drains
 };
 
 }  // namespace

@@ -76,6 +76,7 @@ void Service::Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w) {
       return SendError(ApiError::Unavailable("the model is still loading"), w);
     FrontDoorStats front;
     for (size_t i = 0; i < kNumLanes; ++i) front.lanes[i] = lanes_.stats(static_cast<Lane>(i));
+    front.write_timeouts = write_timeouts_.load();
     return w->Send(200, "text/plain; version=0.0.4; charset=utf-8",
                    b->metrics->Render(b->frontend->engine().Stats(), &front));
   }
@@ -115,6 +116,7 @@ void Service::Route(HttpRequest&& req, const std::shared_ptr<ResponseWriter>& w)
 }
 
 void Service::OnAccess(const AccessRecord& r) {
+  if (r.write_timeout) write_timeouts_.fetch_add(1);
   Backend* b = backend_.load(std::memory_order_acquire);
   if (b != nullptr && b->metrics != nullptr && r.status >= 400) b->metrics->OnHttpResponse(r.status);
   std::string fields;
@@ -125,7 +127,9 @@ void Service::OnAccess(const AccessRecord& r) {
     return;
   }
   STRATA_LOG_INFO("access id={} remote={} {} {} status={}{} ms={:.1f} bytes={}{}", r.request_id, r.remote, r.method,
-                  r.path, r.status, r.client_closed ? " client_closed" : "", r.seconds * 1e3, r.bytes_out, fields);
+                  r.path, r.status,
+                  r.write_timeout ? " write_timeout" : (r.client_closed ? " client_closed" : ""), r.seconds * 1e3,
+                  r.bytes_out, fields);
 }
 
 }  // namespace strata::server

@@ -73,6 +73,7 @@ class Service {
   std::atomic<Backend*> backend_{nullptr};
   std::unique_ptr<Backend> owned_;
   std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> write_timeouts_{0};
   RequestLanes lanes_;
 };
 

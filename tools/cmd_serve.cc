@@ -61,6 +61,8 @@ struct ServeFlags {
   std::string max_body_bytes = "16M";
   double shutdown_grace_seconds = 30;
   int io_threads = 2;
+  double write_timeout_seconds = 30;
+  std::string stream_buffer_bytes = "1M";
   int parse_threads = 2;
   std::string small_body_bytes = "256K";
   int small_lane_queue = 1024;
@@ -80,6 +82,7 @@ const std::vector<std::string>& ServeKeys() {
       "server.admin_token",   "server.served_model_name", "server.max_body_bytes",  "server.io_threads",
       "server.shutdown_grace_seconds", "server.max_n",  "engine.max_num_seqs",       "engine.max_waiting",
       "server.parse_threads", "server.small_body_bytes", "server.small_lane_queue", "server.large_lane_queue",
+      "server.write_timeout_seconds", "server.stream_buffer_bytes",
       "engine.max_batch_tokens",
   };
   return keys;
@@ -115,6 +118,7 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
   STRATA_RETURN_IF_ERROR(integer("--max-n", "server.max_n", &f->max_n, 1, 128));
   STRATA_RETURN_IF_ERROR(integer("--parse-threads", "server.parse_threads", &f->parse_threads, 1, 256));
   STRATA_RETURN_IF_ERROR(str("--small-body-bytes", "server.small_body_bytes", &f->small_body_bytes));
+  STRATA_RETURN_IF_ERROR(str("--stream-buffer-bytes", "server.stream_buffer_bytes", &f->stream_buffer_bytes));
   STRATA_RETURN_IF_ERROR(
       integer("--small-lane-queue", "server.small_lane_queue", &f->small_lane_queue, 1, 1 << 20));
   STRATA_RETURN_IF_ERROR(
@@ -122,6 +126,12 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
   STRATA_RETURN_IF_ERROR(integer("--max-num-seqs", "engine.max_num_seqs", &f->max_num_seqs, 1, 65536));
   STRATA_RETURN_IF_ERROR(integer("--max-waiting", "engine.max_waiting", &f->max_waiting, 0, 1 << 24));
   STRATA_RETURN_IF_ERROR(integer("--max-batch-tokens", "engine.max_batch_tokens", &f->max_batch_tokens, 1, 1 << 20));
+  if (unset("--write-timeout-seconds")) {
+    STRATA_ASSIGN_OR_RETURN(f->write_timeout_seconds,
+                            cfg.GetDouble("server.write_timeout_seconds", f->write_timeout_seconds));
+    if (!(f->write_timeout_seconds > 0 && f->write_timeout_seconds <= 86400))
+      return Status::InvalidArgument(f->engine.config_path + ": server.write_timeout_seconds must be in (0, 86400]");
+  }
   if (unset("--shutdown-grace-seconds")) {
     STRATA_ASSIGN_OR_RETURN(f->shutdown_grace_seconds,
                             cfg.GetDouble("server.shutdown_grace_seconds", f->shutdown_grace_seconds));
@@ -190,6 +200,10 @@ int Run(CLI::App* cmd, ServeFlags& f) {
                                         "' is not a positive size"));
   auto kv_cap = ParseByteSize(f.kv_default_cap);
   if (!kv_cap) return Fail(kv_cap.error());
+  auto stream_buffer = ParseByteSize(f.stream_buffer_bytes);
+  if (!stream_buffer || *stream_buffer == 0)
+    return Fail(Status::InvalidArgument("--stream-buffer-bytes (server.stream_buffer_bytes): '" +
+                                        f.stream_buffer_bytes + "' is not a positive size"));
   auto small_body = ParseByteSize(f.small_body_bytes);
   if (!small_body)
     return Fail(Status::InvalidArgument("--small-body-bytes (server.small_body_bytes): '" + f.small_body_bytes +
@@ -207,6 +221,8 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   ho.host = f.host;
   ho.port = f.port;
   ho.io_threads = f.io_threads;
+  ho.write_timeout_seconds = f.write_timeout_seconds;
+  ho.max_buffered_bytes = *stream_buffer;
   ho.max_body_bytes = *body_limit;
   auto http = server::HttpServer::Create(
       ho, [&service](server::HttpRequest&& r, std::shared_ptr<server::ResponseWriter> w) {
@@ -348,6 +364,13 @@ void RegisterServe(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--io-threads", f->io_threads, "HTTP I/O threads (they only move bytes)")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--write-timeout-seconds", f->write_timeout_seconds,
+                  "a stream whose client reads nothing for this long is cancelled like a hang-up")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--stream-buffer-bytes", f->stream_buffer_bytes,
+                  "output queued per connection beyond which a stream's generation is held until the client reads")
       ->capture_default_str();
   cmd->add_option("--parse-threads", f->parse_threads,
                   "workers per request lane (parse, chat template, tokenize, render); two lanes: small and large bodies")

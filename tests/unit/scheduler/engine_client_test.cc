@@ -223,6 +223,37 @@ TEST_F(EngineClientTest, EventsAndCallbacksArriveOnTheEngineThread) {
   EXPECT_EQ(late.events, 0);
 }
 
+TEST_F(EngineClientTest, AHeldRequestGeneratesNothingUntilReleased) {
+  Stream s, other;
+  const RequestId id = Submit(Request(20), &s);
+  Submit(Request(20), &other);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine_->Step().ok());
+  ASSERT_GT(s.tokens.size(), 0u);
+  client_->SetHeld(id, true);
+  ASSERT_TRUE(engine_->Step().ok());  // takes the hold
+  const size_t at_hold = s.tokens.size();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(engine_->Step().ok());
+  EXPECT_EQ(s.tokens.size(), at_hold);    // held: nothing more
+  EXPECT_GT(other.tokens.size(), at_hold);  // the other request went on
+  EXPECT_EQ(client_->Stats().num_running, 1 + (other.finals == 0 ? 1 : 0));  // keeps its place
+  client_->SetHeld(id, false);
+  Drain();
+  EXPECT_EQ(s.finals, 1);
+  EXPECT_EQ(s.finish, FinishReason::kLength);
+  EXPECT_EQ(s.tokens.size(), 20u);
+
+  // Cancelled while held: one final abort, blocks back.
+  Stream h;
+  const RequestId hid = Submit(Request(20), &h);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine_->Step().ok());
+  client_->SetHeld(hid, true);
+  ASSERT_TRUE(engine_->Step().ok());
+  client_->Cancel(hid);
+  Drain();
+  EXPECT_EQ(h.finals, 1);
+  EXPECT_EQ(h.finish, FinishReason::kAbort);
+}
+
 TEST_F(EngineClientTest, StoppingEndsEveryOpenStreamWithOneFinalEvent) {
   Stream a, b;
   Submit(Request(30), &a);

@@ -51,6 +51,9 @@ class FakeWriter final : public ResponseWriter {
   void OnClose(std::function<void()>) override {}
   bool closed() const override { return false; }
   void AddLogField(std::string, std::string) override {}
+  uint64_t buffered_bytes() const override { return 0; }
+  bool over_buffer_limit() const override { return false; }
+  void OnDrained(std::function<void()> f) override { f(); }
 
   bool done() const {
     std::lock_guard<std::mutex> lock(mu_);

@@ -520,6 +520,9 @@ class FakeWriter : public ResponseWriter {
     cv_.notify_all();
     return true;
   }
+  uint64_t buffered_bytes() const override { return 0; }
+  bool over_buffer_limit() const override { return false; }
+  void OnDrained(std::function<void()> f) override { f(); }
   void End() override {
     std::lock_guard<std::mutex> lock(mu_);
     complete_ = true;
