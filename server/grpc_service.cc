@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -21,6 +21,7 @@
 #include "model/tokenizer/unicode.h"
 #include "proto/strata.grpc.pb.h"
 #include "proto/strata.pb.h"
+#include "server/request_lanes.h"
 #include "server/usage.h"
 
 namespace strata::server {
@@ -28,10 +29,6 @@ namespace strata::server {
 namespace pb = ::strata::v1;
 
 namespace {
-
-// How often a streaming handler that has nothing to write checks whether its
-// client is still there (cancellation or deadline).
-constexpr auto kCancelPoll = std::chrono::milliseconds(50);
 
 // Length leaks; content does not.
 bool SecretEquals(std::string_view a, std::string_view b) {
@@ -42,7 +39,7 @@ bool SecretEquals(std::string_view a, std::string_view b) {
 }
 
 // HTTP's Authorization check on gRPC metadata; nullopt when allowed.
-std::optional<ApiError> CheckBearer(const grpc::ServerContext* ctx, const std::string& secret,
+std::optional<ApiError> CheckBearer(const grpc::ServerContextBase* ctx, const std::string& secret,
                                     bool admin) {
   if (secret.empty()) return std::nullopt;
   const auto& md = ctx->client_metadata();
@@ -132,15 +129,6 @@ GenerationParams FromRequest(const pb::ChatRequest& r) {
   return p;
 }
 
-// Events of one call's choices, handed from the engine thread to the call's
-// handler thread. Shared with the event callback, which may outlive the
-// handler (a cancelled call's final "abort" events arrive later).
-struct EventQueue {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::pair<int, scheduler::RequestOutput>> events;
-};
-
 // The message's fields are the kinds of kvcache/tier_kind.h, one each.
 void AddTier(pb::CachedTokensByTier* t, kvcache::TierKind kind, int32_t tokens) {
   switch (kind) {
@@ -164,7 +152,7 @@ void AddTier(pb::CachedTokensByTier* t, kvcache::TierKind kind, int32_t tokens) 
 // echoed back as initial metadata.
 class CallLog {
  public:
-  CallLog(grpc::ServerContext* ctx, const char* method, std::atomic<uint64_t>* next_id)
+  CallLog(grpc::ServerContextBase* ctx, const char* method, std::atomic<uint64_t>* next_id)
       : ctx_(ctx), method_(method), start_(std::chrono::steady_clock::now()) {
     const auto& md = ctx->client_metadata();
     auto it = md.find("x-request-id");
@@ -194,67 +182,373 @@ class CallLog {
   }
 
  private:
-  grpc::ServerContext* ctx_;
+  grpc::ServerContextBase* ctx_;
   const char* method_;
   std::chrono::steady_clock::time_point start_;
   std::string id_;
   std::string fields_;
 };
 
+// Translates an ApiError into a status with the trailing metadata of the
+// header's contract.
+grpc::Status ToGrpc(const ApiError& e, grpc::ServerContextBase* ctx, int retry_after_seconds) {
+  ctx->AddTrailingMetadata("strata-error-type", e.type);
+  if (!e.param.empty()) ctx->AddTrailingMetadata("strata-error-param", e.param);
+  if (!e.code.empty()) ctx->AddTrailingMetadata("strata-error-code", e.code);
+  if (e.http_status == 429 || e.http_status == 503)
+    ctx->AddTrailingMetadata("retry-after", std::to_string(retry_after_seconds));
+  return grpc::Status(static_cast<grpc::StatusCode>(e.grpc_code()), e.message);
+}
+
+ApiError LaneFull(const RequestLanes& lanes, Lane lane) {
+  const LaneOptions& lo = lane == Lane::kSmall ? lanes.options().small : lanes.options().large;
+  return ApiError::Unavailable("the server is busy: the " + std::string(LaneName(lane)) + "-request lane has " +
+                               std::to_string(lo.max_queue) + " requests waiting; retry later");
+}
+
+// What the calls share: the front end, the lanes, the options.
+struct ServiceDeps {
+  Frontend* frontend = nullptr;
+  RequestLanes* lanes = nullptr;
+  const GrpcServerOptions* options = nullptr;
+  std::atomic<int>* active = nullptr;        // Generate/Chat calls not yet done
+  std::atomic<uint64_t>* next_id = nullptr;  // request ids
+};
+
+// One Generate or Chat call on gRPC's callback API: it has no thread. Its
+// request is prepared (chat template, tokenizer) on a request lane; engine
+// events arrive on the engine thread, become messages and are queued; one
+// message is in flight at a time (StartWrite → OnWriteDone → the next). When
+// more than kHoldMessages are queued, the call's choices are held in the
+// engine until the client has taken half of them. A client that cancels,
+// whose deadline passes or whose stream breaks has its engine requests
+// cancelled at once.
+//
+// Lifetime: gRPC owns the reactor until OnDone, which deletes it. The engine
+// callback and the lane hold `st_`, which outlives it; nothing touches the
+// reactor or its context once Finish was called (st_->finished).
+class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
+ public:
+  StreamReactor(grpc::CallbackServerContext* ctx, const char* method, ServiceDeps deps)
+      : deps_(deps), st_(std::make_shared<State>(ctx, method, deps)) {
+    st_->reactor = this;
+    deps_.active->fetch_add(1);
+  }
+
+  // Checks and prepares `params` on a lane, then starts the choices.
+  void Begin(GenerationParams params, size_t request_bytes) {
+    if (auto err = CheckBearer(st_->ctx, deps_.options->api_key, false)) return Fail(st_, *err);
+    const Lane lane = deps_.lanes->Classify(request_bytes);
+    auto work = [st = st_, p = std::make_shared<GenerationParams>(std::move(params))] { Prepare(st, std::move(*p)); };
+    if (!deps_.lanes->Post(lane, std::move(work))) Fail(st_, LaneFull(*deps_.lanes, lane));
+  }
+
+  // Ends the call with `e` before anything started.
+  void Refuse(const ApiError& e) { Fail(st_, e); }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      st_->writing = false;
+      if (!ok) SetFinal(*st_, grpc::Status(grpc::StatusCode::CANCELLED, "the stream to the client broke"));
+    }
+    if (!ok) CancelCall(st_);
+    Pump(st_);
+  }
+
+  void OnCancel() override {
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      SetFinal(*st_, grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call"));
+    }
+    CancelCall(st_);
+    Pump(st_);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      st_->reactor = nullptr;
+      st_->ctx = nullptr;
+    }
+    deps_.active->fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  static constexpr size_t kHoldMessages = 256;
+
+  struct State {
+    State(grpc::CallbackServerContext* c, const char* method, const ServiceDeps& d)
+        : ctx(c), deps(d), log(c, method, d.next_id) {}
+    std::mutex mu;  // guards everything below
+    StreamReactor* reactor;             // null after OnDone
+    grpc::CallbackServerContext* ctx;   // null after OnDone
+    const ServiceDeps deps;
+    CallLog log;
+    std::shared_ptr<Call> call;
+    std::deque<pb::GenerateResponse> queue;
+    pb::GenerateResponse out;           // the message in flight
+    std::optional<grpc::Status> final;  // how the call ends, once the queue is written
+    bool writing = false;               // a StartWrite awaits its OnWriteDone
+    bool finished = false;              // Finish was called
+    bool held = false;                  // the choices are held in the engine
+    int n = 0, unfinished = 0;
+    std::unique_ptr<UsageTally> usage;
+  };
+
+  // mu held. The first ending wins; queued messages are dropped unless it
+  // is OK (then they are written first).
+  static void SetFinal(State& st, grpc::Status status) {
+    if (st.final) return;
+    if (!status.ok()) st.queue.clear();
+    st.final = std::move(status);
+  }
+
+  static void Fail(const std::shared_ptr<State>& st, const ApiError& e) {
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->final || st->ctx == nullptr) return;
+      SetFinal(*st, ToGrpc(e, st->ctx, st->deps.options->retry_after_seconds));
+    }
+    Pump(st);
+  }
+
+  static void CancelCall(const std::shared_ptr<State>& st) {
+    std::shared_ptr<Call> c;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      c = st->call;
+    }
+    if (c) c->Cancel();
+  }
+
+  // On a lane worker.
+  static void Prepare(const std::shared_ptr<State>& st, GenerationParams params) {
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->final) return;  // cancelled while it waited
+    }
+    Frontend& fe = *st->deps.frontend;
+    PreparedRequest prepared;
+    if (auto err = fe.Prepare(std::move(params), &prepared)) return Fail(st, *err);
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->n = prepared.params.n;
+      st->unfinished = st->n;
+      st->usage = std::make_unique<UsageTally>(st->n);
+    }
+    std::weak_ptr<State> weak = st;
+    auto on_event = [weak](int choice, scheduler::RequestOutput&& event) {
+      if (std::shared_ptr<State> s = weak.lock()) OnEvent(s, choice, std::move(event));
+    };
+    std::shared_ptr<Call> call;
+    if (auto err = fe.Start(prepared, on_event, &call)) return Fail(st, *err);
+    bool cancel;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->call = call;
+      cancel = st->final.has_value() && !st->final->ok();
+    }
+    if (cancel) call->Cancel();
+  }
+
+  // On the engine thread: the event as messages, queued.
+  static void OnEvent(const std::shared_ptr<State>& st, int choice, scheduler::RequestOutput&& ev) {
+    bool fail = false, hold = false;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->final || choice < 0 || choice >= st->n) return;
+      st->usage->Add(choice, ev);
+      if (!ev.token_ids.empty() || !ev.text.empty()) st->queue.push_back(DeltaMessage(choice, ev));
+      if (ev.finished) {
+        --st->unfinished;
+        if (ev.finish_reason == FinishReason::kError) {
+          STRATA_LOG_ERROR("grpc: generation failed: {}", ev.status.ToString());
+          SetFinal(*st, grpc::Status(grpc::StatusCode::INTERNAL, "generation failed: " + ev.status.message()));
+          fail = true;
+        } else {
+          pb::GenerateResponse& msg = st->queue.emplace_back();
+          msg.mutable_finished()->set_index(choice);
+          msg.mutable_finished()->set_finish_reason(std::string(FinishReasonName(ev.finish_reason)));
+          if (st->unfinished == 0) {
+            st->queue.push_back(UsageMessage(*st));
+            SetFinal(*st, grpc::Status::OK);
+          }
+        }
+      }
+      if (!st->held && !st->final && st->queue.size() > kHoldMessages) {
+        st->held = true;
+        hold = true;
+      }
+    }
+    if (fail) CancelCall(st);
+    if (hold) SetHeld(st, true);
+    Pump(st);
+  }
+
+  static void SetHeld(const std::shared_ptr<State>& st, bool held) {
+    std::shared_ptr<Call> c;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      c = st->call;
+    }
+    if (c) c->SetHeld(held);
+  }
+
+  // Any thread: starts the next write, or finishes once everything is
+  // written. Calls into gRPC only without the lock, and only while the
+  // reactor is alive (writing or not yet finished).
+  static void Pump(const std::shared_ptr<State>& st) {
+    StreamReactor* r = nullptr;
+    bool finish = false, release = false;
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->writing || st->finished || st->reactor == nullptr) return;
+      if (!st->queue.empty()) {
+        st->out = std::move(st->queue.front());
+        st->queue.pop_front();
+        st->writing = true;
+        if (st->held && st->queue.size() <= kHoldMessages / 2) {
+          st->held = false;
+          release = true;
+        }
+      } else if (st->final) {
+        st->finished = true;
+        finish = true;
+        status = *st->final;
+        if (st->usage) {
+          st->log.Add("prompt_tokens", std::to_string(st->usage->prompt_tokens()));
+          st->log.Add("cached_tokens", std::to_string(st->usage->cached_tokens()));
+          st->log.Add("completion_tokens", std::to_string(st->usage->completion_tokens()));
+          if (st->usage->ttft_ms() >= 0) st->log.Add("ttft_ms", fmt::format("{:.1f}", st->usage->ttft_ms()));
+        }
+        st->log.Done(status);
+      } else {
+        return;
+      }
+      r = st->reactor;
+    }
+    if (release) SetHeld(st, false);
+    if (finish) {
+      r->Finish(status);
+    } else {
+      r->StartWrite(&st->out);
+    }
+  }
+
+  static pb::GenerateResponse DeltaMessage(int choice, const scheduler::RequestOutput& ev) {
+    pb::GenerateResponse msg;
+    pb::Delta* d = msg.mutable_delta();
+    d->set_index(choice);
+    d->mutable_token_ids()->Assign(ev.token_ids.begin(), ev.token_ids.end());
+    d->set_text(ValidUtf8(ev.text));
+    for (const SampleResult& sr : ev.logprobs) {
+      pb::TokenLogprob* lp = d->add_logprobs();
+      lp->set_token(sr.token);
+      lp->set_logprob(sr.logprob);
+      for (const TokenLogprob& t : sr.top) {
+        pb::TopLogprob* tp = lp->add_top();
+        tp->set_token(t.id);
+        tp->set_logprob(t.logprob);
+      }
+    }
+    return msg;
+  }
+
+  // mu held.
+  static pb::GenerateResponse UsageMessage(const State& st) {
+    pb::GenerateResponse msg;
+    pb::Usage* usage = msg.mutable_usage();
+    const Usage u = st.usage->Make(st.deps.frontend->engine().tier_kinds());
+    usage->set_prompt_tokens(static_cast<int32_t>(u.prompt_tokens));
+    usage->set_completion_tokens(static_cast<int32_t>(u.completion_tokens));
+    usage->set_total_tokens(static_cast<int32_t>(u.prompt_tokens + u.completion_tokens));
+    usage->set_cached_tokens(static_cast<int32_t>(u.cached_tokens));
+    pb::CachedTokensByTier* by_tier = usage->mutable_cached_tokens_by_tier();  // also when all 0
+    for (size_t k = 0; k < kvcache::kNumTierKinds; ++k)
+      AddTier(by_tier, static_cast<kvcache::TierKind>(k), static_cast<int32_t>(u.cached_by_kind[k]));
+    return msg;
+  }
+
+  const ServiceDeps deps_;
+  std::shared_ptr<State> st_;
+};
+
 }  // namespace
 
-class GrpcService final : public pb::Strata::Service {
+class GrpcService final : public pb::Strata::CallbackService {
  public:
-  GrpcService(Frontend& frontend, const GrpcServerOptions& options)
-      : frontend_(frontend), options_(options) {}
+  GrpcService(Frontend& frontend, RequestLanes& lanes, const GrpcServerOptions& options)
+      : frontend_(frontend), lanes_(lanes), options_(options) {}
 
-  grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* req,
-                        grpc::ServerWriter<pb::GenerateResponse>* writer) override {
-    CallLog log(ctx, "Generate", &next_id_);
-    if (auto err = CheckBearer(ctx, options_.api_key, false)) return log.Done(ToGrpc(*err, ctx));
-    if (req->prompt_case() == pb::GenerateRequest::PROMPT_NOT_SET)
-      return log.Done(ToGrpc(
-          ApiError::BadRequest("'prompt' is required: set 'text' or 'token_ids'", "prompt"), ctx));
-    return log.Done(Stream(ctx, FromRequest(*req), writer, &log));
+  grpc::ServerWriteReactor<pb::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                           const pb::GenerateRequest* req) override {
+    auto* r = new StreamReactor(ctx, "Generate", Deps());
+    if (auto err = CheckBearer(ctx, options_.api_key, false)) {
+      r->Refuse(*err);
+    } else if (req->prompt_case() == pb::GenerateRequest::PROMPT_NOT_SET) {
+      r->Refuse(ApiError::BadRequest("'prompt' is required: set 'text' or 'token_ids'", "prompt"));
+    } else {
+      r->Begin(FromRequest(*req), req->ByteSizeLong());
+    }
+    return r;
   }
 
-  grpc::Status Chat(grpc::ServerContext* ctx, const pb::ChatRequest* req,
-                    grpc::ServerWriter<pb::GenerateResponse>* writer) override {
-    CallLog log(ctx, "Chat", &next_id_);
-    if (auto err = CheckBearer(ctx, options_.api_key, false)) return log.Done(ToGrpc(*err, ctx));
-    return log.Done(Stream(ctx, FromRequest(*req), writer, &log));
+  grpc::ServerWriteReactor<pb::GenerateResponse>* Chat(grpc::CallbackServerContext* ctx,
+                                                       const pb::ChatRequest* req) override {
+    auto* r = new StreamReactor(ctx, "Chat", Deps());
+    r->Begin(FromRequest(*req), req->ByteSizeLong());
+    return r;
   }
 
-  grpc::Status Tokenize(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
-                        pb::TokenizeResponse* resp) override {
-    CallLog log(ctx, "Tokenize", &next_id_);
-    return log.Done(TokenizeImpl(ctx, req, resp));
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const pb::TokenizeRequest* req,
+                                     pb::TokenizeResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    auto log = std::make_shared<CallLog>(ctx, "Tokenize", &next_id_);
+    const Lane lane = lanes_.Classify(req->ByteSizeLong());
+    // The call stays alive until Finish, so the lane may use ctx, req, resp.
+    if (!lanes_.Post(lane, [this, ctx, req, resp, reactor, log] {
+          reactor->Finish(log->Done(TokenizeImpl(ctx, req, resp)));
+        }))
+      reactor->Finish(log->Done(ToGrpc(LaneFull(lanes_, lane), ctx, options_.retry_after_seconds)));
+    return reactor;
   }
 
-  grpc::Status Health(grpc::ServerContext* ctx, const pb::HealthRequest*,
-                      pb::HealthResponse* resp) override {
+  grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* ctx, const pb::HealthRequest*,
+                                   pb::HealthResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     CallLog log(ctx, "Health", &next_id_);
     const bool serving = !shutting_down_.load() && !frontend_.engine().Stats().draining;
     resp->set_status(serving ? pb::HealthResponse::SERVING : pb::HealthResponse::NOT_SERVING);
     resp->set_model(frontend_.model_name());
-    return log.Done(grpc::Status::OK, /*quiet=*/true);
+    reactor->Finish(log.Done(grpc::Status::OK, /*quiet=*/true));
+    return reactor;
   }
 
-  grpc::Status CacheStats(grpc::ServerContext* ctx, const pb::CacheStatsRequest*,
-                          pb::CacheStatsResponse* resp) override {
+  grpc::ServerUnaryReactor* CacheStats(grpc::CallbackServerContext* ctx, const pb::CacheStatsRequest*,
+                                       pb::CacheStatsResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     CallLog log(ctx, "CacheStats", &next_id_);
-    if (auto err = CheckBearer(ctx, options_.admin_token, true)) return log.Done(ToGrpc(*err, ctx));
+    if (auto err = CheckBearer(ctx, options_.admin_token, true)) {
+      reactor->Finish(log.Done(ToGrpc(*err, ctx, options_.retry_after_seconds)));
+      return reactor;
+    }
     FillCacheStats(resp);
-    return log.Done(grpc::Status::OK, /*quiet=*/true);
+    reactor->Finish(log.Done(grpc::Status::OK, /*quiet=*/true));
+    return reactor;
   }
 
   void BeginShutdown() { shutting_down_.store(true); }
   int active_streams() const { return active_streams_.load(); }
 
  private:
-  grpc::Status TokenizeImpl(grpc::ServerContext* ctx, const pb::TokenizeRequest* req,
+  ServiceDeps Deps() { return ServiceDeps{&frontend_, &lanes_, &options_, &active_streams_, &next_id_}; }
+
+  grpc::Status TokenizeImpl(grpc::ServerContextBase* ctx, const pb::TokenizeRequest* req,
                             pb::TokenizeResponse* resp) {
-    if (auto err = CheckBearer(ctx, options_.api_key, false)) return ToGrpc(*err, ctx);
+    if (auto err = CheckBearer(ctx, options_.api_key, false)) return ToGrpc(*err, ctx, options_.retry_after_seconds);
     GenerationParams p;
     p.model = req->model().empty() ? frontend_.model_name() : req->model();
     switch (req->input_case()) {
@@ -267,11 +561,12 @@ class GrpcService final : public pb::Strata::Service {
         p.messages = FromMessages(req->messages().messages());
         break;
       default:
-        return ToGrpc(ApiError::BadRequest("one of 'text' or 'messages' is required", "text"), ctx);
+        return ToGrpc(ApiError::BadRequest("one of 'text' or 'messages' is required", "text"), ctx,
+                      options_.retry_after_seconds);
     }
     if (req->has_add_special_tokens()) p.add_special_tokens = req->add_special_tokens();
     std::vector<int32_t> tokens;
-    if (auto err = frontend_.Tokenize(p, &tokens)) return ToGrpc(*err, ctx);
+    if (auto err = frontend_.Tokenize(p, &tokens)) return ToGrpc(*err, ctx, options_.retry_after_seconds);
     resp->mutable_tokens()->Assign(tokens.begin(), tokens.end());
     resp->set_count(static_cast<int32_t>(tokens.size()));
     resp->set_max_model_len(frontend_.context_length());
@@ -302,120 +597,8 @@ class GrpcService final : public pb::Strata::Service {
     resp->set_preemptions(s.preemptions);
   }
 
-  // Generate and Chat: validate, start the choices, then forward their
-  // events until every choice finished (then Usage) or the client is gone.
-  grpc::Status Stream(grpc::ServerContext* ctx, GenerationParams params,
-                      grpc::ServerWriter<pb::GenerateResponse>* writer, CallLog* log) {
-    active_streams_.fetch_add(1);
-    struct Leave {
-      std::atomic<int>& n;
-      ~Leave() { n.fetch_sub(1); }
-    } leave{active_streams_};
-    PreparedRequest prepared;
-    if (auto err = frontend_.Prepare(std::move(params), &prepared)) return ToGrpc(*err, ctx);
-    auto queue = std::make_shared<EventQueue>();
-    std::shared_ptr<Call> call;
-    auto on_event = [queue](int choice, scheduler::RequestOutput&& event) {
-      {
-        std::lock_guard<std::mutex> lock(queue->mu);
-        queue->events.emplace_back(choice, std::move(event));
-      }
-      queue->cv.notify_one();
-    };
-    if (auto err = frontend_.Start(prepared, on_event, &call)) return ToGrpc(*err, ctx);
-
-    // Usage as HTTP counts it (server/usage.h). Logged however the call ends.
-    const int n = prepared.params.n;
-    struct Totals {
-      CallLog* log;
-      UsageTally usage;
-      ~Totals() {
-        log->Add("prompt_tokens", std::to_string(usage.prompt_tokens()));
-        log->Add("cached_tokens", std::to_string(usage.cached_tokens()));
-        log->Add("completion_tokens", std::to_string(usage.completion_tokens()));
-        if (usage.ttft_ms() >= 0) log->Add("ttft_ms", fmt::format("{:.1f}", usage.ttft_ms()));
-      }
-    } totals{log, UsageTally(n)};
-
-    const auto broken = [&call] {
-      call->Cancel();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the stream to the client broke");
-    };
-    int unfinished = n;
-    std::vector<std::pair<int, scheduler::RequestOutput>> batch;
-    pb::GenerateResponse msg;
-    while (unfinished > 0) {
-      {
-        std::unique_lock<std::mutex> lock(queue->mu);
-        while (queue->events.empty() && !ctx->IsCancelled()) queue->cv.wait_for(lock, kCancelPoll);
-        batch.assign(std::make_move_iterator(queue->events.begin()),
-                     std::make_move_iterator(queue->events.end()));
-        queue->events.clear();
-      }
-      if (ctx->IsCancelled()) {
-        call->Cancel();
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call");
-      }
-      for (auto& [choice, ev] : batch) {
-        if (choice < 0 || choice >= n) continue;
-        totals.usage.Add(choice, ev);
-        if (!ev.token_ids.empty() || !ev.text.empty()) {
-          msg.Clear();
-          pb::Delta* d = msg.mutable_delta();
-          d->set_index(choice);
-          d->mutable_token_ids()->Assign(ev.token_ids.begin(), ev.token_ids.end());
-          d->set_text(ValidUtf8(ev.text));
-          for (const SampleResult& sr : ev.logprobs) {
-            pb::TokenLogprob* lp = d->add_logprobs();
-            lp->set_token(sr.token);
-            lp->set_logprob(sr.logprob);
-            for (const TokenLogprob& t : sr.top) {
-              pb::TopLogprob* tp = lp->add_top();
-              tp->set_token(t.id);
-              tp->set_logprob(t.logprob);
-            }
-          }
-          if (!writer->Write(msg)) return broken();
-        }
-        if (!ev.finished) continue;
-        --unfinished;
-        if (ev.finish_reason == FinishReason::kError) {
-          call->Cancel();
-          STRATA_LOG_ERROR("grpc: generation failed: {}", ev.status.ToString());
-          return grpc::Status(grpc::StatusCode::INTERNAL,
-                              "generation failed: " + ev.status.message());
-        }
-        msg.Clear();
-        msg.mutable_finished()->set_index(choice);
-        msg.mutable_finished()->set_finish_reason(std::string(FinishReasonName(ev.finish_reason)));
-        if (!writer->Write(msg)) return broken();
-      }
-      batch.clear();
-    }
-    msg.Clear();
-    pb::Usage* usage = msg.mutable_usage();
-    const Usage u = totals.usage.Make(frontend_.engine().tier_kinds());
-    usage->set_prompt_tokens(static_cast<int32_t>(u.prompt_tokens));
-    usage->set_completion_tokens(static_cast<int32_t>(u.completion_tokens));
-    usage->set_total_tokens(static_cast<int32_t>(u.prompt_tokens + u.completion_tokens));
-    usage->set_cached_tokens(static_cast<int32_t>(u.cached_tokens));
-    pb::CachedTokensByTier* by_tier = usage->mutable_cached_tokens_by_tier();  // also when all 0
-    for (size_t k = 0; k < kvcache::kNumTierKinds; ++k)
-      AddTier(by_tier, static_cast<kvcache::TierKind>(k), static_cast<int32_t>(u.cached_by_kind[k]));
-    if (!writer->Write(msg)) return broken();
-    return grpc::Status::OK;
-  }
-
-  grpc::Status ToGrpc(const ApiError& e, grpc::ServerContext* ctx) const {
-    ctx->AddTrailingMetadata("strata-error-type", e.type);
-    if (!e.param.empty()) ctx->AddTrailingMetadata("strata-error-param", e.param);
-    if (!e.code.empty()) ctx->AddTrailingMetadata("strata-error-code", e.code);
-    if (e.http_status == 429 || e.http_status == 503)
-      ctx->AddTrailingMetadata("retry-after", std::to_string(options_.retry_after_seconds));
-    return grpc::Status(static_cast<grpc::StatusCode>(e.grpc_code()), e.message);
-  }
-
   Frontend& frontend_;
+  RequestLanes& lanes_;
   const GrpcServerOptions options_;
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> shutting_down_{false};
@@ -423,7 +606,7 @@ class GrpcService final : public pb::Strata::Service {
 };
 
 Result<std::unique_ptr<GrpcServer>> GrpcServer::Create(const GrpcServerOptions& options,
-                                                       Frontend& frontend) {
+                                                       Frontend& frontend, RequestLanes& lanes) {
   if (options.port < 0 || options.port > 65535)
     return Status::InvalidArgument("gRPC port must be in [0, 65535], got " +
                                    std::to_string(options.port));
@@ -432,7 +615,7 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Create(const GrpcServerOptions& 
   grpc::EnableDefaultHealthCheckService(true);
 
   std::unique_ptr<GrpcServer> s(new GrpcServer());
-  s->service_ = std::make_unique<GrpcService>(frontend, options);
+  s->service_ = std::make_unique<GrpcService>(frontend, lanes, options);
   const bool ipv6 = options.host.find(':') != std::string::npos && options.host.front() != '[';
   const std::string address =
       (ipv6 ? "[" + options.host + "]" : options.host) + ":" + std::to_string(options.port);

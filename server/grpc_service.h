@@ -13,11 +13,14 @@
 // generated), returned as initial metadata "x-request-id", and one access
 // log line (Health and CacheStats at debug level when they succeed).
 //
-// Streaming RPCs run on gRPC's synchronous server threads: each call's
-// thread waits on a queue that the engine thread fills through the
-// Frontend's event callback, and writes what arrives. A client that cancels
-// or whose deadline passes has its engine requests cancelled at once (the
-// wait wakes up every 50 ms to check).
+// Every RPC runs on gRPC's callback API: an open stream costs no thread.
+// Tokenization (Generate, Chat, Tokenize) runs on the same request lanes as
+// HTTP's (server/request_lanes.h; a full lane is UNAVAILABLE with
+// retry-after). A stream's engine events are queued and written one message
+// at a time; when a client falls behind by more than 256 messages its
+// choices are held in the engine until it catches up. A client that cancels,
+// whose deadline passes or whose stream breaks has its engine requests
+// cancelled at once.
 //
 // Thread-safety: port() and active_streams() may be called from any thread; Shutdown once, from
 // one thread (the destructor calls it when it was not called).
@@ -27,6 +30,7 @@
 
 #include "common/status.h"
 #include "server/frontend.h"
+#include "server/request_lanes.h"
 
 namespace grpc {
 class Server;
@@ -50,10 +54,10 @@ class GrpcService;  // the generated service's implementation (grpc_service.cc)
 
 class GrpcServer {
  public:
-  // Binds and starts serving. `frontend` (and its engine) must outlive the
-  // server. Errors: Unavailable when the address cannot be bound.
+  // Binds and starts serving. `frontend` (and its engine) and `lanes` must
+  // outlive the server. Errors: Unavailable when the address cannot be bound.
   static Result<std::unique_ptr<GrpcServer>> Create(const GrpcServerOptions& options,
-                                                    Frontend& frontend);
+                                                    Frontend& frontend, RequestLanes& lanes);
   ~GrpcServer();
   GrpcServer(const GrpcServer&) = delete;
   GrpcServer& operator=(const GrpcServer&) = delete;

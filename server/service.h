@@ -56,6 +56,8 @@ class Service {
   // parts are destroyed.
   void Stop();
   LaneStats lane_stats(Lane lane) const { return lanes_.stats(lane); }
+  // The request lanes, shared with the gRPC front end.
+  RequestLanes& lanes() { return lanes_; }
 
  private:
   struct Backend {

@@ -288,7 +288,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     go.api_key = f.api_key;
     go.admin_token = f.admin_token;
     go.retry_after_seconds = so.retry_after_seconds;
-    auto g = server::GrpcServer::Create(go, frontend);
+    auto g = server::GrpcServer::Create(go, frontend, service.lanes());
     if (!g) {
       (*engine)->Stop(0);
       (*http)->Stop();

@@ -95,7 +95,8 @@ class GrpcTest : public ::testing::Test {
     GrpcServerOptions go = grpc_options_;
     go.host = "127.0.0.1";
     go.port = 0;
-    auto srv = GrpcServer::Create(go, *frontend_);
+    lanes_ = std::make_unique<RequestLanes>(RequestLanesOptions{});
+    auto srv = GrpcServer::Create(go, *frontend_, *lanes_);
     ASSERT_TRUE(srv.ok()) << srv.error().ToString();
     server_ = std::move(srv).value();
     ASSERT_GT(server_->port(), 0);
@@ -196,6 +197,7 @@ class GrpcTest : public ::testing::Test {
   std::unique_ptr<scheduler::ForwardEngineRunner> runner_;
   std::unique_ptr<scheduler::Engine> engine_;
   std::unique_ptr<Frontend> frontend_;
+  std::unique_ptr<RequestLanes> lanes_;  // the front end's workers (tokenization)
   std::unique_ptr<GrpcServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Strata::Stub> stub_;
