@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <thread>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -213,6 +216,8 @@ struct ServiceDeps {
   const GrpcServerOptions* options = nullptr;
   std::atomic<int>* active = nullptr;        // Generate/Chat calls not yet done
   std::atomic<uint64_t>* next_id = nullptr;  // request ids
+  // Registers a new stream's state with the write-timeout sweeper.
+  std::function<void(std::weak_ptr<void>)> track;
 };
 
 // One Generate or Chat call on gRPC's callback API: it has no thread. Its
@@ -229,10 +234,58 @@ struct ServiceDeps {
 // reactor or its context once Finish was called (st_->finished).
 class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
  public:
+  // Shared by the reactor, the engine's event callback, the lane and the
+  // write-timeout sweeper.
+  struct State {
+    State(grpc::CallbackServerContext* c, const char* method, const ServiceDeps& d)
+        : ctx(c), deps(d), log(c, method, d.next_id) {}
+    std::mutex mu;  // guards everything below
+    StreamReactor* reactor;             // null after OnDone
+    grpc::CallbackServerContext* ctx;   // null after OnDone
+    const ServiceDeps deps;
+    CallLog log;
+    std::shared_ptr<Call> call;
+    std::deque<pb::GenerateResponse> queue;
+    pb::GenerateResponse out;           // the message in flight
+    std::optional<grpc::Status> final;  // how the call ends, once the queue is written
+    bool writing = false;               // a StartWrite awaits its OnWriteDone
+    bool finished = false;              // Finish was called
+    bool held = false;                  // the choices are held in the engine
+    bool sweeping = false;              // the write-timeout sweeper is cancelling it: no Finish yet
+    std::chrono::steady_clock::time_point write_started;  // of the write in flight
+    int n = 0, unfinished = 0;
+    std::unique_ptr<UsageTally> usage;
+  };
   StreamReactor(grpc::CallbackServerContext* ctx, const char* method, ServiceDeps deps)
       : deps_(deps), st_(std::make_shared<State>(ctx, method, deps)) {
     st_->reactor = this;
     deps_.active->fetch_add(1);
+    if (deps_.track) deps_.track(st_);
+  }
+
+  // The sweeper: a stream whose write has made no progress for `timeout`
+  // (the client stopped reading) is cancelled like a client cancel. True
+  // when it cancelled this one.
+  static bool SweepWriteTimeout(const std::shared_ptr<State>& st, std::chrono::steady_clock::time_point now,
+                                std::chrono::steady_clock::duration timeout) {
+    grpc::CallbackServerContext* ctx = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (!st->writing || st->finished || st->final || st->ctx == nullptr || now - st->write_started < timeout)
+        return false;
+      SetFinal(*st, grpc::Status(grpc::StatusCode::CANCELLED,
+                                 "the client read nothing for the write timeout; the call was cancelled"));
+      st->sweeping = true;  // Pump will not Finish (so ctx stays valid) until this is cleared
+      ctx = st->ctx;
+    }
+    CancelCall(st);
+    ctx->TryCancel();
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->sweeping = false;
+    }
+    Pump(st);
+    return true;
   }
 
   // Checks and prepares `params` on a lane, then starts the choices.
@@ -278,24 +331,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
  private:
   static constexpr size_t kHoldMessages = 256;
 
-  struct State {
-    State(grpc::CallbackServerContext* c, const char* method, const ServiceDeps& d)
-        : ctx(c), deps(d), log(c, method, d.next_id) {}
-    std::mutex mu;  // guards everything below
-    StreamReactor* reactor;             // null after OnDone
-    grpc::CallbackServerContext* ctx;   // null after OnDone
-    const ServiceDeps deps;
-    CallLog log;
-    std::shared_ptr<Call> call;
-    std::deque<pb::GenerateResponse> queue;
-    pb::GenerateResponse out;           // the message in flight
-    std::optional<grpc::Status> final;  // how the call ends, once the queue is written
-    bool writing = false;               // a StartWrite awaits its OnWriteDone
-    bool finished = false;              // Finish was called
-    bool held = false;                  // the choices are held in the engine
-    int n = 0, unfinished = 0;
-    std::unique_ptr<UsageTally> usage;
-  };
+
 
   // mu held. The first ending wins; queued messages are dropped unless it
   // is OK (then they are written first).
@@ -405,11 +441,12 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
     grpc::Status status;
     {
       std::lock_guard<std::mutex> lock(st->mu);
-      if (st->writing || st->finished || st->reactor == nullptr) return;
+      if (st->writing || st->finished || st->sweeping || st->reactor == nullptr) return;
       if (!st->queue.empty()) {
         st->out = std::move(st->queue.front());
         st->queue.pop_front();
         st->writing = true;
+        st->write_started = std::chrono::steady_clock::now();
         if (st->held && st->queue.size() <= kHoldMessages / 2) {
           st->held = false;
           release = true;
@@ -481,7 +518,17 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
 class GrpcService final : public pb::Strata::CallbackService {
  public:
   GrpcService(Frontend& frontend, RequestLanes& lanes, const GrpcServerOptions& options)
-      : frontend_(frontend), lanes_(lanes), options_(options) {}
+      : frontend_(frontend), lanes_(lanes), options_(options) {
+    if (options_.write_timeout_seconds > 0) sweeper_ = std::thread([this] { Sweep(); });
+  }
+  ~GrpcService() override {
+    {
+      std::lock_guard<std::mutex> lock(sweep_mu_);
+      stop_sweep_ = true;
+    }
+    sweep_cv_.notify_all();
+    if (sweeper_.joinable()) sweeper_.join();
+  }
 
   grpc::ServerWriteReactor<pb::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const pb::GenerateRequest* req) override {
@@ -544,7 +591,44 @@ class GrpcService final : public pb::Strata::CallbackService {
   int active_streams() const { return active_streams_.load(); }
 
  private:
-  ServiceDeps Deps() { return ServiceDeps{&frontend_, &lanes_, &options_, &active_streams_, &next_id_}; }
+  ServiceDeps Deps() {
+    ServiceDeps d{&frontend_, &lanes_, &options_, &active_streams_, &next_id_, nullptr};
+    if (options_.write_timeout_seconds > 0)
+      d.track = [this](std::weak_ptr<void> st) {
+        std::lock_guard<std::mutex> lock(sweep_mu_);
+        streams_.push_back(std::move(st));
+      };
+    return d;
+  }
+
+  // The write-timeout sweeper (its own thread, one per server): every
+  // quarter of the timeout (at most 250 ms), cancels the streams whose
+  // write has made no progress for the timeout.
+  void Sweep() {
+    using Clock = std::chrono::steady_clock;
+    const auto timeout =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.write_timeout_seconds));
+    const auto period = std::min<Clock::duration>(timeout / 4, std::chrono::milliseconds(250));
+    std::unique_lock<std::mutex> lock(sweep_mu_);
+    while (!sweep_cv_.wait_for(lock, period, [this] { return stop_sweep_; })) {
+      std::vector<std::shared_ptr<StreamReactor::State>> live;
+      std::erase_if(streams_, [&](const std::weak_ptr<void>& w) {
+        std::shared_ptr<void> p = w.lock();
+        if (!p) return true;
+        live.push_back(std::static_pointer_cast<StreamReactor::State>(p));
+        return false;
+      });
+      lock.unlock();
+      const auto now = Clock::now();
+      for (const auto& st : live)
+        if (StreamReactor::SweepWriteTimeout(st, now, timeout)) {
+          STRATA_LOG_INFO("grpc: a stream's client read nothing for {} s: cancelled", options_.write_timeout_seconds);
+          if (options_.on_write_timeout) options_.on_write_timeout();
+        }
+      live.clear();
+      lock.lock();
+    }
+  }
 
   grpc::Status TokenizeImpl(grpc::ServerContextBase* ctx, const pb::TokenizeRequest* req,
                             pb::TokenizeResponse* resp) {
@@ -603,6 +687,11 @@ class GrpcService final : public pb::Strata::CallbackService {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> shutting_down_{false};
   std::atomic<int> active_streams_{0};
+  std::mutex sweep_mu_;
+  std::condition_variable sweep_cv_;
+  bool stop_sweep_ = false;
+  std::vector<std::weak_ptr<void>> streams_;  // every Generate/Chat state, pruned as they end
+  std::thread sweeper_;
 };
 
 Result<std::unique_ptr<GrpcServer>> GrpcServer::Create(const GrpcServerOptions& options,

@@ -25,6 +25,7 @@
 // Thread-safety: port() and active_streams() may be called from any thread; Shutdown once, from
 // one thread (the destructor calls it when it was not called).
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -48,6 +49,11 @@ struct GrpcServerOptions {
   std::string api_key;
   std::string admin_token;
   int retry_after_seconds = 1;  // trailing "retry-after" on RESOURCE_EXHAUSTED / UNAVAILABLE
+  // A stream whose message write makes no progress this long (the client
+  // stopped reading) is cancelled, its engine requests too; 0 = never.
+  double write_timeout_seconds = 30;
+  // Called (on the sweeper's thread) for each stream so cancelled.
+  std::function<void()> on_write_timeout;
 };
 
 class GrpcService;  // the generated service's implementation (grpc_service.cc)

@@ -56,6 +56,8 @@ class Service {
   // parts are destroyed.
   void Stop();
   LaneStats lane_stats(Lane lane) const { return lanes_.stats(lane); }
+  // A stream of another front end (gRPC) was cancelled by its write timeout.
+  void CountWriteTimeout() { write_timeouts_.fetch_add(1); }
   // The request lanes, shared with the gRPC front end.
   RequestLanes& lanes() { return lanes_; }
 

@@ -288,6 +288,8 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     go.api_key = f.api_key;
     go.admin_token = f.admin_token;
     go.retry_after_seconds = so.retry_after_seconds;
+    go.write_timeout_seconds = f.write_timeout_seconds;
+    go.on_write_timeout = [&service] { service.CountWriteTimeout(); };
     auto g = server::GrpcServer::Create(go, frontend, service.lanes());
     if (!g) {
       (*engine)->Stop(0);

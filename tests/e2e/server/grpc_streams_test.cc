@@ -2,7 +2,8 @@
 // sockets): 2,000 Generate streams open at once all complete, and the
 // server's thread count (from /proc) grows by fewer than 32 over its idle
 // count meanwhile. The synchronous gRPC server it replaced held a thread per
-// open stream.
+// open stream. And gRPC clients that stop reading are cancelled after the
+// write timeout, their blocks released.
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -93,6 +94,48 @@ TEST(GrpcStreamsTest, TwoThousandOpenStreamsCompleteWithoutAThreadEach) {
   EXPECT_LT(peak - idle, 32) << "idle " << idle << " threads, peak " << peak;
   const std::string m = Metrics(server->port("http"));
   EXPECT_EQ(Gauge(m, "strata_kv_device_blocks_in_use"), 0);
+  StopCleanly(server.get());
+}
+
+TEST(GrpcStreamsTest, StreamsWhoseClientNeverReadsAreCancelledAfterTheWriteTimeout) {
+  auto server = StartTinyServer({"--write-timeout-seconds", "2"});
+  ASSERT_NE(server, nullptr);
+  const std::string target = "127.0.0.1:" + std::to_string(server->port("grpc"));
+  // A small receive window, so the server's writes stall once it is full.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4096);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto stub = pb::Strata::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  pb::GenerateRequest req;
+  req.set_model("tiny");
+  req.set_text("Once upon a time");
+  req.mutable_sampling()->set_max_tokens(480);
+  req.mutable_sampling()->set_ignore_eos(true);
+  req.mutable_sampling()->set_logprobs(true);
+  req.mutable_sampling()->set_top_logprobs(20);
+  std::vector<std::unique_ptr<Open>> open;
+  for (int i = 0; i < 8; ++i) {
+    auto o = std::make_unique<Open>();
+    o->reader = stub->Generate(&o->ctx, req);  // and never Read
+    open.push_back(std::move(o));
+  }
+  const std::string m = WaitForMetrics(
+      server->port("http"),
+      [](const std::string& t) {
+        return Gauge(t, "strata_stream_write_timeouts_total") >= 8 && Gauge(t, "strata_kv_device_blocks_in_use") == 0 &&
+               Gauge(t, "strata_num_requests_running") == 0;
+      },
+      60);
+  EXPECT_EQ(Gauge(m, "strata_stream_write_timeouts_total"), 8) << m;
+  EXPECT_EQ(Gauge(m, "strata_requests_total", "finish_reason=\"abort\""), 8);
+  EXPECT_EQ(Gauge(m, "strata_kv_device_blocks_in_use"), 0);
+  for (auto& o : open) {
+    o->ctx.TryCancel();
+    pb::GenerateResponse msg;
+    while (o->reader->Read(&msg)) {
+    }
+    EXPECT_FALSE(o->reader->Finish().ok());
+  }
   StopCleanly(server.get());
 }
 
