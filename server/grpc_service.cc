@@ -271,8 +271,11 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
     grpc::CallbackServerContext* ctx = nullptr;
     {
       std::lock_guard<std::mutex> lock(st->mu);
-      if (!st->writing || st->finished || st->final || st->ctx == nullptr || now - st->write_started < timeout)
+      if (!st->writing || st->finished || st->sweeping || (st->final && !st->final->ok()) || st->ctx == nullptr ||
+          now - st->write_started < timeout)
         return false;
+      // Also when every choice had finished: what is queued will never be read.
+      st->final.reset();
       SetFinal(*st, grpc::Status(grpc::StatusCode::CANCELLED,
                                  "the client read nothing for the write timeout; the call was cancelled"));
       st->sweeping = true;  // Pump will not Finish (so ctx stays valid) until this is cleared
@@ -303,7 +306,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
     {
       std::lock_guard<std::mutex> lock(st_->mu);
       st_->writing = false;
-      if (!ok) SetFinal(*st_, grpc::Status(grpc::StatusCode::CANCELLED, "the stream to the client broke"));
+      if (!ok) EndBroken(*st_, "the stream to the client broke");
     }
     if (!ok) CancelCall(st_);
     Pump(st_);
@@ -312,7 +315,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
   void OnCancel() override {
     {
       std::lock_guard<std::mutex> lock(st_->mu);
-      SetFinal(*st_, grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call"));
+      EndBroken(*st_, "the client cancelled the call");
     }
     CancelCall(st_);
     Pump(st_);
@@ -341,6 +344,13 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
     st.final = std::move(status);
   }
 
+  // mu held. The client is gone: nothing queued will be read, even after an
+  // OK ending.
+  static void EndBroken(State& st, const char* why) {
+    if (st.final && st.final->ok()) st.final.reset();
+    SetFinal(st, grpc::Status(grpc::StatusCode::CANCELLED, why));
+  }
+
   static void Fail(const std::shared_ptr<State>& st, const ApiError& e) {
     {
       std::lock_guard<std::mutex> lock(st->mu);
@@ -359,11 +369,21 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
     if (c) c->Cancel();
   }
 
-  // On a lane worker.
+  // On a lane worker; an exception becomes INTERNAL.
   static void Prepare(const std::shared_ptr<State>& st, GenerationParams params) {
+    try {
+      PrepareAndStart(st, std::move(params));
+    } catch (const std::exception& e) {
+      STRATA_LOG_ERROR("grpc: preparing a request failed: {}", e.what());
+      CancelCall(st);
+      Fail(st, ApiError::Internal(std::string("preparing the request failed: ") + e.what()));
+    }
+  }
+
+  static void PrepareAndStart(const std::shared_ptr<State>& st, GenerationParams params) {
     {
       std::lock_guard<std::mutex> lock(st->mu);
-      if (st->final) return;  // cancelled while it waited
+      if (st->final || (st->ctx != nullptr && st->ctx->IsCancelled())) return;  // gone while it waited
     }
     Frontend& fe = *st->deps.frontend;
     PreparedRequest prepared;
@@ -385,13 +405,14 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
       std::lock_guard<std::mutex> lock(st->mu);
       st->call = call;
       cancel = st->final.has_value() && !st->final->ok();
+      if (!cancel && st->held) call->SetHeld(true);  // events delivered inside Start filled the queue
     }
     if (cancel) call->Cancel();
   }
 
   // On the engine thread: the event as messages, queued.
   static void OnEvent(const std::shared_ptr<State>& st, int choice, scheduler::RequestOutput&& ev) {
-    bool fail = false, hold = false;
+    bool fail = false;
     {
       std::lock_guard<std::mutex> lock(st->mu);
       if (st->final || choice < 0 || choice >= st->n) return;
@@ -413,23 +434,17 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
           }
         }
       }
-      if (!st->held && !st->final && st->queue.size() > kHoldMessages) {
-        st->held = true;
-        hold = true;
-      }
+      if (!st->held && !st->final && st->queue.size() > kHoldMessages) SetHeldLocked(*st, true);
     }
     if (fail) CancelCall(st);
-    if (hold) SetHeld(st, true);
     Pump(st);
   }
 
-  static void SetHeld(const std::shared_ptr<State>& st, bool held) {
-    std::shared_ptr<Call> c;
-    {
-      std::lock_guard<std::mutex> lock(st->mu);
-      c = st->call;
-    }
-    if (c) c->SetHeld(held);
+  // mu held: the engine sees holds and releases in the order `held`
+  // changed (Engine::SetHeld takes only the engine's own lock).
+  static void SetHeldLocked(State& st, bool held) {
+    st.held = held;
+    if (st.call) st.call->SetHeld(held);
   }
 
   // Any thread: starts the next write, or finishes once everything is
@@ -437,7 +452,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
   // reactor is alive (writing or not yet finished).
   static void Pump(const std::shared_ptr<State>& st) {
     StreamReactor* r = nullptr;
-    bool finish = false, release = false;
+    bool finish = false;
     grpc::Status status;
     {
       std::lock_guard<std::mutex> lock(st->mu);
@@ -447,10 +462,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
         st->queue.pop_front();
         st->writing = true;
         st->write_started = std::chrono::steady_clock::now();
-        if (st->held && st->queue.size() <= kHoldMessages / 2) {
-          st->held = false;
-          release = true;
-        }
+        if (st->held && st->queue.size() <= kHoldMessages / 2) SetHeldLocked(*st, false);
       } else if (st->final) {
         st->finished = true;
         finish = true;
@@ -467,7 +479,6 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
       }
       r = st->reactor;
     }
-    if (release) SetHeld(st, false);
     if (finish) {
       r->Finish(status);
     } else {
@@ -557,7 +568,14 @@ class GrpcService final : public pb::Strata::CallbackService {
     const Lane lane = lanes_.Classify(req->ByteSizeLong());
     // The call stays alive until Finish, so the lane may use ctx, req, resp.
     if (!lanes_.Post(lane, [this, ctx, req, resp, reactor, log] {
-          reactor->Finish(log->Done(TokenizeImpl(ctx, req, resp)));
+          grpc::Status st;
+          try {
+            st = TokenizeImpl(ctx, req, resp);
+          } catch (const std::exception& e) {
+            STRATA_LOG_ERROR("grpc: Tokenize failed: {}", e.what());
+            st = grpc::Status(grpc::StatusCode::INTERNAL, std::string("tokenize failed: ") + e.what());
+          }
+          reactor->Finish(log->Done(std::move(st)));
         }))
       reactor->Finish(log->Done(ToGrpc(LaneFull(lanes_, lane), ctx, options_.retry_after_seconds)));
     return reactor;

@@ -37,6 +37,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <future>
 #include <mutex>
 #include <random>
@@ -110,6 +111,8 @@ std::string ChunkHeader(size_t n) {
 
 class ServerImpl;
 class Connection;
+
+constexpr size_t kMaxWriteBatchBytes = 64 << 10;
 
 enum class Phase { kNone, kStreaming, kDone };
 
@@ -262,7 +265,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Output queue, shared with any thread.
   std::mutex out_mu_;
-  std::vector<std::string> out_pending_;
+  std::deque<std::string> out_pending_;
   bool write_active_ = false;  // a DoFlush is posted or a write is in flight
   bool out_last_ = false;
   bool out_close_after_ = false;
@@ -704,7 +707,14 @@ void Connection::DoFlush() {
       close_after = out_close_after_;
       out_last_ = false;
     } else {
-      inflight_.swap(out_pending_);
+      // At most ~64 KiB per write, so the write timeout measures progress
+      // (a slow but steady reader completes a write well within it).
+      size_t bytes = 0;
+      while (!out_pending_.empty() && (inflight_.empty() || bytes < kMaxWriteBatchBytes)) {
+        bytes += out_pending_.front().size();
+        inflight_.push_back(std::move(out_pending_.front()));
+        out_pending_.pop_front();
+      }
     }
   }
   if (inflight_.empty()) {

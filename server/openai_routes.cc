@@ -109,23 +109,20 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // engine (keeping its place and blocks, generating nothing) until the
   // socket drains to half the limit. A client that reads nothing at all is
   // closed by the write timeout, which cancels the request like a hang-up.
+  // Holds and releases are issued under call_mu_, so the engine sees them
+  // in the order held_ changed (Engine::SetHeld takes only its own lock).
   void HoldWhileBuffered() {
-    std::shared_ptr<Call> c;
     {
       std::lock_guard<std::mutex> lock(call_mu_);
       if (held_ || cancel_requested_ || call_ == nullptr || !w_->over_buffer_limit()) return;
       held_ = true;
-      c = call_;
+      call_->SetHeld(true);
     }
-    c->SetHeld(true);
+    // Outside call_mu_: OnDrained may run the callback at once.
     w_->OnDrained([self = shared_from_this()] {
-      std::shared_ptr<Call> call;
-      {
-        std::lock_guard<std::mutex> lock(self->call_mu_);
-        self->held_ = false;
-        call = self->call_;
-      }
-      if (call) call->SetHeld(false);
+      std::lock_guard<std::mutex> lock(self->call_mu_);
+      self->held_ = false;
+      if (self->call_) self->call_->SetHeld(false);
     });
   }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/logging.h"
+
 namespace strata::server {
 
 namespace {
@@ -65,7 +67,15 @@ void RequestLanes::Work(State* s) {
       s->queue.pop_front();
       ++s->running;
     }
-    work();
+    try {
+      work();
+    } catch (const std::exception& e) {
+      // The work's captures (an HTTP writer) are released: an unanswered
+      // HTTP request gets 500. Never let one request end the process.
+      STRATA_LOG_ERROR("request lane: a request failed: {}", e.what());
+    } catch (...) {
+      STRATA_LOG_ERROR("request lane: a request failed with an unknown exception");
+    }
     std::lock_guard<std::mutex> lock(s->mu);
     --s->running;
   }

@@ -95,6 +95,7 @@ void Service::Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w) {
 }
 
 void Service::Route(HttpRequest&& req, const std::shared_ptr<ResponseWriter>& w) {
+  if (w->closed()) return;  // the client left while the request waited in its lane
   Backend* b = backend_.load(std::memory_order_acquire);
   const bool draining = draining_.load();
   if (req.path.rfind("/admin/", 0) == 0) {
