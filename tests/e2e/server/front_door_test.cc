@@ -116,6 +116,7 @@ TEST(FrontDoorTest, AFullLaneAnswers503WithRetryAfterAndCountsIt) {
   EXPECT_EQ(Gauge(m, "strata_frontend_lane_rejected_total", "lane=\"small\""), 0);
   // Small requests were never in that queue.
   EXPECT_EQ(PostJson(port, "/v1/chat/completions", SmallChat()).status, 200);
+  EXPECT_EQ(Gauge(Metrics(port), "strata_kv_device_blocks_in_use"), 0);
   StopCleanly(server.get());
 }
 
