@@ -314,6 +314,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   RegisterBenchSimulate(bench, exit_code);
   RegisterBenchCalibrate(bench, exit_code);
   RegisterBenchKvcache(bench, exit_code);
+  RegisterBenchTransfer(bench, exit_code);
 }
 
 }  // namespace strata::cli

@@ -24,6 +24,10 @@ void RegisterBenchCalibrate(CLI::App* bench, int* exit_code);
 void RegisterBenchKvcache(CLI::App* bench, int* exit_code);
 void RegisterServe(CLI::App& app, int* exit_code);
 void RegisterCache(CLI::App& app, int* exit_code);
+// `strata transfer serve` (tools/cmd_transfer.cc).
+void RegisterTransfer(CLI::App& app, int* exit_code);
+// `strata bench transfer` (tools/cmd_bench_transfer.cc).
+void RegisterBenchTransfer(CLI::App* bench, int* exit_code);
 
 // Options shared by every command that runs the model.
 struct EngineFlags {

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterBench(app, &exit_code);
   strata::cli::RegisterServe(app, &exit_code);
   strata::cli::RegisterCache(app, &exit_code);
+  strata::cli::RegisterTransfer(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

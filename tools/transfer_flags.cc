@@ -1,0 +1,58 @@
+#include "tools/transfer_flags.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "common/logging.h"
+
+namespace strata::cli {
+
+void AddTransferFlags(CLI::App* cmd, TransferFlags* f) {
+  cmd->add_option("--transfer-transports", f->transports,
+                  "transports the transfer engine may use, in order of preference: shm, tcp")
+      ->capture_default_str();
+  cmd->add_option("--transfer-port", f->port, "transfer listener port (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--transfer-bind-address", f->bind_address, "transfer listener address (default: 127.0.0.1)");
+  cmd->add_option("--transfer-advertise-address", f->advertise_address,
+                  "address peers are told to reach this instance at (default: the bind address)");
+  cmd->add_option("--cluster-secret-file", f->secret_file,
+                  "file holding the cluster's shared secret (peers authenticate with HMAC-SHA256); without it "
+                  "the transfer listener binds loopback only");
+  cmd->add_option("--transfer-connections", f->connections, "tcp connections to each transfer peer")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+}
+
+Result<transfer::TransferOptions> ToOptions(const TransferFlags& f, const std::string& instance_name) {
+  transfer::TransferOptions o;
+  o.instance_name = instance_name;
+  auto t = transfer::ParseTransports(f.transports);
+  if (!t) return t.error().WithContext("--transfer-transports");
+  o.transports = *t;
+  o.port = f.port;
+  o.bind_address = f.bind_address.empty() ? "127.0.0.1" : f.bind_address;
+  o.advertise_address = f.advertise_address;
+  o.connections_per_peer = f.connections;
+  if (!f.secret_file.empty()) {
+    std::ifstream in(f.secret_file);
+    if (!in) return Status::InvalidArgument("--cluster-secret-file " + f.secret_file + ": cannot read");
+    std::string secret;
+    std::getline(in, secret);
+    while (!secret.empty() && (secret.back() == ' ' || secret.back() == '\r' || secret.back() == '\t')) {
+      secret.pop_back();
+    }
+    if (secret.empty()) return Status::InvalidArgument("--cluster-secret-file " + f.secret_file + ": empty first line");
+    struct stat st{};
+    if (stat(f.secret_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+      STRATA_LOG_WARN("--cluster-secret-file {} is readable by group or others (mode {:o})", f.secret_file,
+                      st.st_mode & 0777);
+    }
+    o.cluster_secret = secret;
+  }
+  return o;
+}
+
+}  // namespace strata::cli

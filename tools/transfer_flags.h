@@ -1,0 +1,27 @@
+#pragma once
+// The transfer engine's command-line flags, shared by `strata serve` and
+// `strata transfer serve` (YAML keys transfer.* for serve; docs/config.md).
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "transfer/transfer_engine.h"
+
+namespace strata::cli {
+
+struct TransferFlags {
+  std::string transports = "shm,tcp";
+  int port = 0;                 // 0: an ephemeral port
+  std::string bind_address;     // default: 127.0.0.1 (serve: its --host)
+  std::string advertise_address;
+  std::string secret_file;
+  int connections = 4;
+};
+
+void AddTransferFlags(CLI::App* cmd, TransferFlags* f);
+// Options for an engine named `instance_name`: parses the transport list,
+// reads the secret file (its first line, trimmed; refused when empty).
+Result<transfer::TransferOptions> ToOptions(const TransferFlags& f, const std::string& instance_name);
+
+}  // namespace strata::cli
