@@ -44,8 +44,9 @@ void Service::SendError(const ApiError& e, const std::shared_ptr<ResponseWriter>
   w->Send(e.http_status, "application/json", e.ToBody(), std::move(h));
 }
 
-void Service::SetBackend(Frontend* frontend, OpenAiRoutes* openai, AdminRoutes* admin, ServerMetrics* metrics) {
-  owned_ = std::make_unique<Backend>(Backend{frontend, openai, admin, metrics});
+void Service::SetBackend(Frontend* frontend, OpenAiRoutes* openai, AdminRoutes* admin, ServerMetrics* metrics,
+                         std::function<std::string()> extra_metrics) {
+  owned_ = std::make_unique<Backend>(Backend{frontend, openai, admin, metrics, std::move(extra_metrics)});
   backend_.store(owned_.get(), std::memory_order_release);
 }
 
@@ -77,8 +78,9 @@ void Service::Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w) {
     FrontDoorStats front;
     for (size_t i = 0; i < kNumLanes; ++i) front.lanes[i] = lanes_.stats(static_cast<Lane>(i));
     front.write_timeouts = write_timeouts_.load();
-    return w->Send(200, "text/plain; version=0.0.4; charset=utf-8",
-                   b->metrics->Render(b->frontend->engine().Stats(), &front));
+    std::string text = b->metrics->Render(b->frontend->engine().Stats(), &front);
+    if (b->extra_metrics) text += b->extra_metrics();
+    return w->Send(200, "text/plain; version=0.0.4; charset=utf-8", std::move(text));
   }
   if (req.path == "/" && req.method == "GET")
     return w->Send(200, "application/json", R"({"service":"strata","docs":"see docs/api.md"})");

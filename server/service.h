@@ -18,6 +18,7 @@
 // from a lane worker).
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -46,7 +47,10 @@ class Service {
 
   // Attaches the loaded model's routes (not owned; they must outlive every
   // request, i.e. the HTTP server's Stop()).
-  void SetBackend(Frontend* frontend, OpenAiRoutes* openai, AdminRoutes* admin, ServerMetrics* metrics);
+  // `extra_metrics` (optional) returns more text exposition appended to
+  // /metrics (the transfer engine's families); called on the I/O thread.
+  void SetBackend(Frontend* frontend, OpenAiRoutes* openai, AdminRoutes* admin, ServerMetrics* metrics,
+                  std::function<std::string()> extra_metrics = {});
   void SetDraining();
 
   void Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w);
@@ -67,6 +71,7 @@ class Service {
     OpenAiRoutes* openai;
     AdminRoutes* admin;
     ServerMetrics* metrics;
+    std::function<std::string()> extra_metrics;
   };
   bool Authorized(const HttpRequest& req) const;
   // On a lane worker: admin and API routes.

@@ -39,6 +39,8 @@
 #include "server/service.h"
 #include "tools/commands.h"
 #include "tools/kv_stack.h"
+#include "tools/transfer_flags.h"
+#include "transfer/transfer_engine.h"
 
 namespace strata::cli {
 
@@ -68,6 +70,8 @@ struct ServeFlags {
   int small_lane_queue = 1024;
   int large_lane_queue = 16;
   std::string kv_default_cap = "4G";
+  std::string instance_name;  // default: <hostname>:<http port>
+  TransferFlags transfer;     // port -1: no transfer engine
 };
 
 int Fail(const Status& s) {
@@ -83,7 +87,8 @@ const std::vector<std::string>& ServeKeys() {
       "server.shutdown_grace_seconds", "server.max_n",  "engine.max_num_seqs",       "engine.max_waiting",
       "server.parse_threads", "server.small_body_bytes", "server.small_lane_queue", "server.large_lane_queue",
       "server.write_timeout_seconds", "server.stream_buffer_bytes",
-      "engine.max_batch_tokens",
+      "engine.max_batch_tokens", "server.instance_name", "transfer.transports", "transfer.port",
+      "transfer.bind_address", "transfer.advertise_address", "transfer.cluster_secret_file", "transfer.connections",
   };
   return keys;
 }
@@ -126,6 +131,14 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
   STRATA_RETURN_IF_ERROR(integer("--max-num-seqs", "engine.max_num_seqs", &f->max_num_seqs, 1, 65536));
   STRATA_RETURN_IF_ERROR(integer("--max-waiting", "engine.max_waiting", &f->max_waiting, 0, 1 << 24));
   STRATA_RETURN_IF_ERROR(integer("--max-batch-tokens", "engine.max_batch_tokens", &f->max_batch_tokens, 1, 1 << 20));
+  STRATA_RETURN_IF_ERROR(str("--instance-name", "server.instance_name", &f->instance_name));
+  STRATA_RETURN_IF_ERROR(str("--transfer-transports", "transfer.transports", &f->transfer.transports));
+  STRATA_RETURN_IF_ERROR(integer("--transfer-port", "transfer.port", &f->transfer.port, -1, 65535));
+  STRATA_RETURN_IF_ERROR(str("--transfer-bind-address", "transfer.bind_address", &f->transfer.bind_address));
+  STRATA_RETURN_IF_ERROR(
+      str("--transfer-advertise-address", "transfer.advertise_address", &f->transfer.advertise_address));
+  STRATA_RETURN_IF_ERROR(str("--cluster-secret-file", "transfer.cluster_secret_file", &f->transfer.secret_file));
+  STRATA_RETURN_IF_ERROR(integer("--transfer-connections", "transfer.connections", &f->transfer.connections, 1, 64));
   if (unset("--write-timeout-seconds")) {
     STRATA_ASSIGN_OR_RETURN(f->write_timeout_seconds,
                             cfg.GetDouble("server.write_timeout_seconds", f->write_timeout_seconds));
@@ -175,12 +188,16 @@ int WaitForShutdownSignal() {
   }
 }
 
-Status WritePortFile(const std::string& path, int http_port, int grpc_port) {
+Status WritePortFile(const std::string& path, int http_port, int grpc_port, int transfer_port) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) return Status::InvalidArgument("--port-file " + path + ": cannot write");
-    out << nlohmann::json{{"http", http_port}, {"grpc", grpc_port}, {"pid", static_cast<int>(getpid())}}.dump()
+    out << nlohmann::json{{"http", http_port},
+                          {"grpc", grpc_port},
+                          {"transfer", transfer_port},
+                          {"pid", static_cast<int>(getpid())}}
+               .dump()
         << "\n";
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
@@ -298,8 +315,36 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     }
     grpc = std::move(*g);
   }
-  service.SetBackend(&frontend, &openai, &admin, &metrics);
+  // The transfer engine over the KV manager's segments (device pool, host
+  // tier arena, staging buffers): registered, none exported yet; grants and
+  // exports come from the cluster roles (docs/status.md).
+  std::unique_ptr<transfer::TransferEngine> xfer;
+  if (f.transfer.port >= 0) {
+    TransferFlags tf = f.transfer;
+    if (tf.bind_address.empty()) tf.bind_address = tf.secret_file.empty() ? "127.0.0.1" : f.host;
+    std::string instance = f.instance_name;
+    if (instance.empty()) {
+      char hn[256] = {};
+      gethostname(hn, sizeof(hn) - 1);
+      instance = std::string(hn) + ":" + std::to_string((*http)->port());
+    }
+    auto to = ToOptions(tf, instance);
+    Result<std::unique_ptr<transfer::TransferEngine>> started =
+        to ? transfer::TransferEngine::Start(*to, &(*stack)->manager->segments()) : Result<std::unique_ptr<transfer::TransferEngine>>(to.error());
+    if (!started) {
+      grpc.reset();
+      (*engine)->Stop(0);
+      (*http)->Stop();
+      return Fail(started.error().WithContext("transfer engine"));
+    }
+    xfer = std::move(*started);
+  }
+  std::function<std::string()> extra_metrics;
+  if (xfer) extra_metrics = [e = xfer.get()] { return transfer::RenderTransferMetrics(e->stats()); };
+  service.SetBackend(&frontend, &openai, &admin, &metrics, std::move(extra_metrics));
   const int grpc_port = grpc ? grpc->port() : -1;
+  const int transfer_port = xfer ? xfer->port() : -1;
+  if (xfer) STRATA_LOG_INFO("transfer engine '{}' listening on {}", xfer->instance_name(), xfer->address());
   STRATA_LOG_INFO(
       "serving model {} as '{}' ({}; {} layers, dim {}, context {}): HTTP {}:{}, gRPC {}, {} KV blocks of {} "
       "tokens ({} MiB), {} threads, max {} running / {} waiting / {} tokens per step",
@@ -308,7 +353,9 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       (layout.block_bytes() * static_cast<uint64_t>(kv.num_blocks)) >> 20, pool.num_threads(), eo.max_running,
       eo.max_waiting, eo.max_batch_tokens);
   if (!f.port_file.empty()) {
-    if (Status s = WritePortFile(f.port_file, (*http)->port(), grpc_port); !s.ok()) STRATA_LOG_ERROR("{}", s.message());
+    if (Status s = WritePortFile(f.port_file, (*http)->port(), grpc_port, transfer_port); !s.ok()) {
+      STRATA_LOG_ERROR("{}", s.message());
+    }
   }
 
   // 3. Wait for SIGTERM / SIGINT, then shut down gracefully.
@@ -326,6 +373,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   service.Stop();  // what the request lanes still hold runs (503: draining) before the routes go away
   const kvcache::KvManagerStats ks = (*stack)->manager->stats();
   grpc.reset();
+  xfer.reset();  // before the segments it serves go away
   engine->reset();  // before the KV stack it points into
   stack->reset();   // drains the lower tiers' outstanding writes
   STRATA_LOG_INFO("stopped: {} prefix-cache queries, {} device-hit tokens, {} lower-tier-hit tokens", ks.queries,
@@ -346,7 +394,11 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--grpc-port", f->grpc_port, "gRPC port (0 = any free port, -1 = no gRPC)")
       ->check(CLI::Range(-1, 65535))
       ->capture_default_str();
-  cmd->add_option("--port-file", f->port_file, "write {\"http\": P, \"grpc\": G, \"pid\": N} here once serving");
+  cmd->add_option("--port-file", f->port_file,
+                  "write {\"http\": P, \"grpc\": G, \"transfer\": T, \"pid\": N} here once serving");
+  cmd->add_option("--instance-name", f->instance_name,
+                  "this instance's cluster-unique name (default: <hostname>:<http port>)");
+  AddTransferFlags(cmd, &f->transfer);
   cmd->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on the API (default: open)");
   cmd->add_option("--admin-token", f->admin_token, "require 'Authorization: Bearer TOKEN' on /admin/ (default: open)");
   cmd->add_option("--max-num-seqs", f->max_num_seqs, "sequences running at once")

@@ -12,10 +12,11 @@ void AddTransferFlags(CLI::App* cmd, TransferFlags* f) {
   cmd->add_option("--transfer-transports", f->transports,
                   "transports the transfer engine may use, in order of preference: shm, tcp")
       ->capture_default_str();
-  cmd->add_option("--transfer-port", f->port, "transfer listener port (0: any free port)")
-      ->check(CLI::Range(0, 65535))
+  cmd->add_option("--transfer-port", f->port, "transfer listener port (0: any free port; serve: -1 = no transfer engine)")
+      ->check(CLI::Range(-1, 65535))
       ->capture_default_str();
-  cmd->add_option("--transfer-bind-address", f->bind_address, "transfer listener address (default: 127.0.0.1)");
+  cmd->add_option("--transfer-bind-address", f->bind_address,
+                  "transfer listener address (default: 127.0.0.1; serve with a secret file: its --host)");
   cmd->add_option("--transfer-advertise-address", f->advertise_address,
                   "address peers are told to reach this instance at (default: the bind address)");
   cmd->add_option("--cluster-secret-file", f->secret_file,
@@ -32,6 +33,7 @@ Result<transfer::TransferOptions> ToOptions(const TransferFlags& f, const std::s
   auto t = transfer::ParseTransports(f.transports);
   if (!t) return t.error().WithContext("--transfer-transports");
   o.transports = *t;
+  if (f.port < 0) return Status::InvalidArgument("--transfer-port " + std::to_string(f.port) + ": no listener to start");
   o.port = f.port;
   o.bind_address = f.bind_address.empty() ? "127.0.0.1" : f.bind_address;
   o.advertise_address = f.advertise_address;

@@ -210,6 +210,7 @@ Result<uint64_t> EngineImpl::Submit(std::vector<TransferOp> ops, Clock::time_poi
     prepared.push_back(std::move(op));
   }
   for (auto& op : prepared) Dispatch(op);
+  timer_cv_.notify_one();
   return batch->id;
 }
 
@@ -354,9 +355,16 @@ void EngineImpl::ApplyFaults(Op& op) {
 
 void EngineImpl::TimerLoop() {
   while (!stopping_) {
+    bool busy;
     {
+      std::lock_guard lock(batch_mu_);
+      busy = !batches_.empty();
+    }
+    {
+      // 1 ms ticks while batches are in flight (deadlines); otherwise wake
+      // for Submit or every 50 ms (peer upkeep).
       std::unique_lock lock(timer_mu_);
-      timer_cv_.wait_for(lock, std::chrono::milliseconds(1));
+      timer_cv_.wait_for(lock, std::chrono::milliseconds(busy ? 1 : 50));
     }
     if (stopping_) break;
     CheckDeadlines(Clock::now());
