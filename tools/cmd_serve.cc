@@ -40,7 +40,10 @@
 #include "tools/commands.h"
 #include "tools/kv_stack.h"
 #include "tools/transfer_flags.h"
+#include "kvcache/block_hash.h"
+#include "transfer/metadata.h"
 #include "transfer/transfer_engine.h"
+#include "transfer/wire.h"
 
 namespace strata::cli {
 
@@ -72,6 +75,8 @@ struct ServeFlags {
   std::string kv_default_cap = "4G";
   std::string instance_name;  // default: <hostname>:<http port>
   TransferFlags transfer;     // port -1: no transfer engine
+  std::string metadata;       // etcd://HOST:PORT or strata://HOST:PORT; empty: not in a cluster
+  int metadata_lease_seconds = 10;
 };
 
 int Fail(const Status& s) {
@@ -89,6 +94,7 @@ const std::vector<std::string>& ServeKeys() {
       "server.write_timeout_seconds", "server.stream_buffer_bytes",
       "engine.max_batch_tokens", "server.instance_name", "transfer.transports", "transfer.port",
       "transfer.bind_address", "transfer.advertise_address", "transfer.cluster_secret_file", "transfer.connections",
+      "cluster.metadata", "cluster.metadata_lease_seconds",
   };
   return keys;
 }
@@ -139,6 +145,9 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
       str("--transfer-advertise-address", "transfer.advertise_address", &f->transfer.advertise_address));
   STRATA_RETURN_IF_ERROR(str("--cluster-secret-file", "transfer.cluster_secret_file", &f->transfer.secret_file));
   STRATA_RETURN_IF_ERROR(integer("--transfer-connections", "transfer.connections", &f->transfer.connections, 1, 64));
+  STRATA_RETURN_IF_ERROR(str("--metadata", "cluster.metadata", &f->metadata));
+  STRATA_RETURN_IF_ERROR(integer("--metadata-lease-seconds", "cluster.metadata_lease_seconds",
+                                 &f->metadata_lease_seconds, 2, 3600));
   if (unset("--write-timeout-seconds")) {
     STRATA_ASSIGN_OR_RETURN(f->write_timeout_seconds,
                             cfg.GetDouble("server.write_timeout_seconds", f->write_timeout_seconds));
@@ -345,6 +354,46 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   const int grpc_port = grpc ? grpc->port() : -1;
   const int transfer_port = xfer ? xfer->port() : -1;
   if (xfer) STRATA_LOG_INFO("transfer engine '{}' listening on {}", xfer->instance_name(), xfer->address());
+  // Cluster membership: register under the instance name with a lease.
+  std::unique_ptr<transfer::MetadataClient> meta;
+  if (!f.metadata.empty()) {
+    auto url = transfer::ParseMetadataUrl(f.metadata);
+    if (url) {
+      auto client = transfer::MetadataClient::Create(*url);
+      transfer::InstanceInfo self;
+      self.name = xfer ? xfer->instance_name() : f.instance_name;
+      if (self.name.empty()) {
+        char hn[256] = {};
+        gethostname(hn, sizeof(hn) - 1);
+        self.name = std::string(hn) + ":" + std::to_string((*http)->port());
+      }
+      self.incarnation = transfer::RandomHex(8);
+      self.http_address = f.host + ":" + std::to_string((*http)->port());
+      if (xfer) {
+        self.transfer_address = xfer->address();
+        auto ts = transfer::ParseTransports(f.transfer.transports);
+        if (ts) {
+          for (auto t : *ts) self.transports.emplace_back(transfer::TransportName(t));
+        }
+      }
+      self.model_namespace = ToHex(kvcache::NamespaceDigest(m.weights.digest, c.arch, f.engine.kv.dtype, f.engine.kv.block_size));
+      Status s = client ? (*client)->Register(self, f.metadata_lease_seconds) : client.error();
+      if (s.ok()) {
+        meta = std::move(*client);
+        STRATA_LOG_INFO("cluster: instance '{}' (incarnation {}) registers at {} with a {} s lease", self.name,
+                        self.incarnation, f.metadata, f.metadata_lease_seconds);
+      } else {
+        url = s;
+      }
+    }
+    if (!url) {
+      grpc.reset();
+      xfer.reset();
+      (*engine)->Stop(0);
+      (*http)->Stop();
+      return Fail(url.error().WithContext("--metadata"));
+    }
+  }
   STRATA_LOG_INFO(
       "serving model {} as '{}' ({}; {} layers, dim {}, context {}): HTTP {}:{}, gRPC {}, {} KV blocks of {} "
       "tokens ({} MiB), {} threads, max {} running / {} waiting / {} tokens per step",
@@ -363,6 +412,10 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   STRATA_LOG_INFO("received {}: draining (grace {} s, {} requests unfinished)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                   f.shutdown_grace_seconds, (*engine)->num_unfinished());
   service.SetDraining();
+  if (meta) {
+    // Leave the cluster first, so no router sends more work here.
+    if (Status s = meta->Deregister(); !s.ok()) STRATA_LOG_WARN("cluster: leaving: {}", s.message());
+  }
   (*engine)->BeginDrain();
   (*http)->StopAccepting();
   if (grpc) grpc->Shutdown(f.shutdown_grace_seconds);
@@ -399,6 +452,13 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--instance-name", f->instance_name,
                   "this instance's cluster-unique name (default: <hostname>:<http port>)");
   AddTransferFlags(cmd, &f->transfer);
+  cmd->add_option("--metadata", f->metadata,
+                  "cluster metadata store: etcd://HOST:PORT or strata://HOST:PORT (strata meta); this instance "
+                  "registers there under --instance-name");
+  cmd->add_option("--metadata-lease-seconds", f->metadata_lease_seconds,
+                  "lease of this instance's registration: it disappears this long after it dies")
+      ->check(CLI::Range(2, 3600))
+      ->capture_default_str();
   cmd->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on the API (default: open)");
   cmd->add_option("--admin-token", f->admin_token, "require 'Authorization: Bearer TOKEN' on /admin/ (default: open)");
   cmd->add_option("--max-num-seqs", f->max_num_seqs, "sequences running at once")

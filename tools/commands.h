@@ -28,6 +28,8 @@ void RegisterCache(CLI::App& app, int* exit_code);
 void RegisterTransfer(CLI::App& app, int* exit_code);
 // `strata bench transfer` (tools/cmd_bench_transfer.cc).
 void RegisterBenchTransfer(CLI::App* bench, int* exit_code);
+// `strata meta` (tools/cmd_meta.cc).
+void RegisterMeta(CLI::App& app, int* exit_code);
 
 // Options shared by every command that runs the model.
 struct EngineFlags {

@@ -1,0 +1,134 @@
+// Cluster membership with real processes: `strata serve` instances register
+// in a real etcd (started by the test) or in `strata meta`; a killed instance
+// disappears within its lease, a stopped one leaves at once, and when the
+// store restarts empty the instances register again while they keep serving.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <thread>
+
+#include "tests/e2e/server/serve_test_util.h"
+#include "tests/support/etcd_process.h"
+#include "tests/support/run_command.h"
+#include "tests/support/test_env.h"
+#include "transfer/metadata.h"
+
+namespace strata::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using transfer::InstanceInfo;
+using transfer::MetadataClient;
+
+// A metadata store the test can stop and start again, empty, on the same port.
+class Store {
+ public:
+  explicit Store(bool etcd) : etcd_(etcd), dir_(MakeTempDir("cluster-meta")) { Start(); }
+  void Start() {
+    if (etcd_) {
+      etcd_proc_ = std::make_unique<EtcdProcess>(dir_ + "/data" + std::to_string(starts_++), port_);
+      ASSERT_TRUE(etcd_proc_->started());
+      port_ = etcd_proc_->client_port();
+    } else {
+      std::vector<std::string> args;
+      if (port_ != 0) args = {"--port", std::to_string(port_)};
+      RoleOptions role;
+      role.zero_port_flags = port_ != 0 ? std::vector<std::string>{} : std::vector<std::string>{"--port"};
+      role.port_file_flag = "--port-file";
+      role.host_flag = true;
+      role.ready_path = "/health";
+      auto p = ServerProcess::StartRole("meta", args, role);
+      ASSERT_TRUE(p.has_value()) << p.error().ToString();
+      meta_ = std::move(*p);
+      port_ = meta_->port("http");
+    }
+  }
+  void Stop() {
+    if (etcd_) {
+      etcd_proc_->Stop();
+    } else {
+      auto code = meta_->Stop(10);
+      EXPECT_TRUE(code.has_value());
+    }
+  }
+  std::string url() const { return std::string(etcd_ ? "etcd" : "strata") + "://127.0.0.1:" + std::to_string(port_); }
+  std::vector<InstanceInfo> List() {
+    auto c = MetadataClient::Create(*transfer::ParseMetadataUrl(url()));
+    auto l = (*c)->List();
+    return l ? *l : std::vector<InstanceInfo>{};
+  }
+  // The names registered, waiting up to `timeout` for `want`.
+  std::vector<std::string> WaitFor(const std::vector<std::string>& want, std::chrono::milliseconds timeout) {
+    std::vector<std::string> names;
+    auto until = std::chrono::steady_clock::now() + timeout;
+    do {
+      names.clear();
+      for (const auto& i : List()) names.push_back(i.name);
+      std::sort(names.begin(), names.end());
+      if (names == want) break;
+      std::this_thread::sleep_for(100ms);
+    } while (std::chrono::steady_clock::now() < until);
+    return names;
+  }
+
+ private:
+  bool etcd_;
+  std::string dir_;
+  int port_ = 0;
+  int starts_ = 0;
+  std::unique_ptr<EtcdProcess> etcd_proc_;
+  std::unique_ptr<ServerProcess> meta_;
+};
+
+class ClusterMembershipTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ClusterMembershipTest, InstancesRegisterLeaveAndRecover) {
+  Store store(GetParam());
+  auto a = StartTinyServer({"--metadata", store.url(), "--instance-name", "inst-a", "--metadata-lease-seconds", "2"});
+  auto b = StartTinyServer({"--metadata", store.url(), "--instance-name", "inst-b", "--metadata-lease-seconds", "2"});
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(store.WaitFor({"inst-a", "inst-b"}, 5s), (std::vector<std::string>{"inst-a", "inst-b"}));
+  for (const auto& i : store.List()) {
+    const auto& p = i.name == "inst-a" ? a : b;
+    EXPECT_EQ(i.role, "both");
+    EXPECT_EQ(i.transfer_address, "127.0.0.1:" + std::to_string(p->port("transfer")));
+    EXPECT_EQ(i.http_address, "127.0.0.1:" + std::to_string(p->port("http")));
+    EXPECT_EQ(i.model_namespace.size(), 64u);
+    EXPECT_EQ(i.incarnation.size(), 16u);
+  }
+
+  // kill -9: gone within the lease (2 s) plus a keepalive period.
+  b->Signal(SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(store.WaitFor({"inst-a"}, 6s), std::vector<std::string>{"inst-a"});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+
+  // The store restarts empty: inst-a registers again and serves meanwhile.
+  store.Stop();
+  auto r = PostJson(a->port("http"), "/v1/completions", json{{"model", "tiny"}, {"prompt", "hi"}, {"max_tokens", 3}});
+  EXPECT_EQ(r.status, 200) << r.raw;
+  std::this_thread::sleep_for(1500ms);
+  store.Start();
+  EXPECT_EQ(store.WaitFor({"inst-a"}, 10s), std::vector<std::string>{"inst-a"});
+
+  // SIGTERM: it leaves at once (before its lease would run out).
+  ASSERT_TRUE(a->Signal(SIGTERM));
+  EXPECT_EQ(store.WaitFor({}, 1500ms), std::vector<std::string>{});
+  auto code = a->Wait(60);
+  ASSERT_TRUE(code.has_value()) << code.error().ToString();
+  EXPECT_EQ(*code, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ClusterMembershipTest, ::testing::Values(true, false),
+                         [](const auto& info) { return std::string(info.param ? "etcd" : "meta"); });
+
+TEST(ClusterMembership, ABadMetadataUrlIsRefusedAtStart) {
+  auto model = TinyModelPath();
+  ASSERT_TRUE(model.has_value());
+  auto r = RunCommand(StrataCli() + " serve --model " + *model + " --port 0 --grpc-port -1 --metadata http://x:1");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("etcd://"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace strata::testing
