@@ -103,7 +103,10 @@ double SocketPairGBps(int port, int conns, uint64_t chunk, uint64_t total, const
   std::vector<int> fds;
   for (int i = 0; i < conns; ++i) {
     auto fd = transfer::ConnectTcp("127.0.0.1", port, 5);
-    if (!fd) return 0;
+    if (!fd) {
+      for (int f : fds) ::close(f);
+      return 0;
+    }
     transfer::TuneSocket(*fd);
     fds.push_back(*fd);
   }
@@ -126,6 +129,7 @@ double SocketPairGBps(int port, int conns, uint64_t chunk, uint64_t total, const
         if (off + chunk > region) off = 0;
         uint64_t len = chunk;
         if (!transfer::SendAll(fd, &len, 8, "size").ok() || !transfer::SendAll(fd, src + off, chunk, "chunk").ok()) {
+          ::shutdown(fd, SHUT_RDWR);  // the ack reader stops too
           break;
         }
         off += chunk;

@@ -109,6 +109,11 @@ EngineImpl::~EngineImpl() {
   for (auto& t : shm_workers_) t.join();
   timer_cv_.notify_all();
   if (timer_.joinable()) timer_.join();
+  {
+    // Redials (bounded by the connect timeout) and peer closes.
+    std::unique_lock lock(bg_mu_);
+    bg_cv_.wait(lock, [&] { return background_ == 0; });
+  }
   std::vector<std::shared_ptr<Peer>> peers;
   {
     std::lock_guard lock(peers_mu_);
@@ -121,7 +126,7 @@ EngineImpl::~EngineImpl() {
     std::lock_guard lock(served_mu_);
     served.swap(served_);
   }
-  for (auto& [id, sc] : served) ::shutdown(sc->fd, SHUT_RDWR);
+  for (auto& [id, sc] : served) sc->Shutdown();
   for (auto& [id, sc] : served) {
     if (sc->th.joinable()) sc->th.join();
   }
@@ -152,7 +157,9 @@ Result<uint64_t> EngineImpl::ExportSegment(SegmentId segment, std::string name) 
 }
 
 Status EngineImpl::Unexport(const std::string& name) {
-  return exports_.Unexport(name);
+  auto h = exports_.HandleOf(name);
+  if (!h) return Status::NotFound("no exported segment '" + name + "'");
+  return Revoke(*h);  // shuts in-flight accesses down and tells direct mappers
 }
 
 Result<uint64_t> EngineImpl::Grant(const Region& region, std::string grantee, std::chrono::nanoseconds lease) {
@@ -169,7 +176,11 @@ Status EngineImpl::Revoke(uint64_t handle) {
   return Status::Ok();
 }
 
-bool EngineImpl::Quiesced(uint64_t handle) { return exports_.Quiesced(handle); }
+bool EngineImpl::Quiesced(uint64_t handle) {
+  if (!exports_.Quiesced(handle)) return false;
+  exports_.Forget(handle);  // its number is never reused; unknown handles read as quiesced
+  return true;
+}
 
 // --- batches ---
 
@@ -228,7 +239,10 @@ void EngineImpl::Dispatch(const OpPtr& op) {
                                            " bytes; split it"));
     return;
   }
-  ApplyFaults(*op);
+  if (!op->faults_applied) {
+    op->faults_applied = true;
+    ApplyFaults(*op);
+  }
   if (op->release_at != Clock::time_point()) {
     std::lock_guard lock(held_mu_);
     held_.push_back(op);
@@ -240,13 +254,15 @@ void EngineImpl::Dispatch(const OpPtr& op) {
     shm_cv_.notify_one();
     return;
   }
-  if (peer->closing) {
-    CompleteOp(op, Status::Unavailable("transfer peer " + peer->name + " (" + peer->address + ") is closed"));
-    return;
+  {
+    std::lock_guard lock(peer->q_mu);  // ClosePeer sets closing under it, then drains the queue
+    if (!peer->closing) {
+      peer->queue.push_back(op);
+      peer->q_cv.notify_one();
+      return;
+    }
   }
-  std::lock_guard lock(peer->q_mu);
-  peer->queue.push_back(op);
-  peer->q_cv.notify_one();
+  CompleteOp(op, Status::Unavailable("transfer peer " + peer->name + " (" + peer->address + ") is closed"));
 }
 
 void EngineImpl::CompleteOp(const OpPtr& op, Status s) {
@@ -290,7 +306,11 @@ std::optional<BatchResult> EngineImpl::Poll(uint64_t id) {
   if (batch->remaining > 0) return std::nullopt;
   {
     std::lock_guard l2(batch_mu_);
-    batches_.erase(id);
+    if (batches_.erase(id) == 0) {  // another Poll took it first
+      BatchResult r;
+      r.status = Status::NotFound("transfer batch " + std::to_string(id) + " was already polled");
+      return r;
+    }
   }
   BatchResult r;
   r.ops = std::move(batch->results);
@@ -428,7 +448,7 @@ void EngineImpl::CheckDeadlines(Clock::time_point now) {
         if (now >= op->deadline) {
           c->broken = true;
           c->why = Status::DeadlineExceeded("transfer op missed its deadline on a connection to " + p->name);
-          ::shutdown(c->fd, SHUT_RDWR);
+          if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
           break;
         }
       }

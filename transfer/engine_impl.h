@@ -4,6 +4,8 @@
 // target.cc: the listener and the connections peers opened to us.
 // requester.cc: peers we connected to, tcp data connections, shm copies.
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -14,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "transfer/transfer_engine.h"
@@ -39,6 +42,7 @@ struct Op {
   Clock::time_point release_at;  // faults: held until then (max: dropped)
   bool corrupt = false;
   bool teardown = false;
+  bool faults_applied = false;
   int retries = 0;
   std::atomic<bool> finished{false};
 };
@@ -60,7 +64,6 @@ struct DirectHandle {
   uint64_t length = 0;
   bool writable = false;
   int64_t expires_ns = 0;
-  bool revoked = false;
   uint8_t* mapped = nullptr;  // the export mapped into this process (memfd), else null: cross-memory attach
   void* map_base = nullptr;   // what to munmap
   size_t map_length = 0;
@@ -95,10 +98,12 @@ struct Peer {
   std::mutex reply_mu;
   std::condition_variable reply_cv;
   std::map<uint64_t, std::pair<FrameHeader, std::string>> replies;
+  std::unordered_set<uint64_t> waiting;  // request ids a ControlCall waits for
   std::atomic<bool> control_broken{false};
 
   std::shared_mutex direct_mu;  // shared while a copy runs; exclusive to revoke
   std::unordered_map<uint64_t, DirectHandle> direct;
+  std::unordered_set<uint64_t> revoked;  // revoked handles (a revoke may overtake its open's completion)
 
   std::mutex q_mu;              // guards queue and conns
   std::condition_variable q_cv;
@@ -115,6 +120,14 @@ struct Hello {
   uint64_t probe_address = 0;  // target: 8 bytes peers may read to test shm
   std::string mac;             // hex
 };
+
+// Handshake pieces (target.cc), shared by both sides and by tests that
+// speak the protocol by hand.
+std::string PeerMac(const std::string& secret, const Hello& target, const Hello& peer);
+std::string TargetMac(const std::string& secret, const Hello& target, const Hello& peer);
+bool HexEqual(const std::string& a, const std::string& b);
+std::string HelloText(const Hello& h);  // JSON
+Result<Hello> ParseHello(const std::string& payload);
 
 class EngineImpl final : public TransferEngine {
  public:
@@ -146,14 +159,21 @@ class EngineImpl final : public TransferEngine {
   void TearDownPeer(uint64_t peer) override;
 
  private:
+  // A connection a peer opened to us. Its thread reads requests and sends
+  // replies; Revoke (any thread) may send a revoke notice or shut it down.
   struct Served {
     uint64_t id = 0;
+    std::mutex write_mu;  // one frame at a time; held for a whole reply
+    std::mutex fd_mu;     // guards fd: close sets -1 (under both), shutdown needs only this
     int fd = -1;
-    std::string peer;
+    std::string peer;     // set once after the handshake, under served_mu_
     std::string role;
-    std::mutex write_mu;
-    std::atomic<bool> done{false};
+    bool done = false;    // under served_mu_
     std::thread th;
+    void Shutdown() {
+      std::lock_guard lock(fd_mu);
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    }
   };
 
   // engine.cc
@@ -172,6 +192,7 @@ class EngineImpl final : public TransferEngine {
   Status SendToServed(Served& sc, FrameHeader h, std::string_view payload);
   void NotifyRevoke(uint64_t handle);
   void ShutdownServed(const std::vector<uint64_t>& ids);
+  void CloseServed(Served& sc);
   // requester.cc
   Result<int> Dial(const std::string& host, int port, const std::string& role, Hello* target);
   void ControlReader(std::shared_ptr<Peer> peer);
@@ -223,6 +244,24 @@ class EngineImpl final : public TransferEngine {
 
   std::mutex timer_mu_;
   std::condition_variable timer_cv_;
+
+  // Background threads (redials, peer closes): the destructor waits for them.
+  std::mutex bg_mu_;
+  std::condition_variable bg_cv_;
+  int background_ = 0;
+  template <typename F>
+  void RunInBackground(F f) {
+    {
+      std::lock_guard lock(bg_mu_);
+      ++background_;
+    }
+    std::thread([this, f = std::move(f)]() mutable {
+      f();
+      std::lock_guard lock(bg_mu_);
+      --background_;
+      bg_cv_.notify_all();
+    }).detach();
+  }
 
   std::mutex fault_mu_;
   std::vector<FaultRule> faults_;

@@ -111,7 +111,15 @@ Result<ExportView> ExportTable::View(const Entry& e) const {
   return v;
 }
 
-Result<ExportView> ExportTable::OpenSegment(const std::string& name, const std::string& peer, bool direct) {
+std::optional<uint64_t> ExportTable::HandleOf(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+Result<ExportView> ExportTable::OpenSegment(const std::string& name, const std::string& /*peer*/,
+                                            uint64_t direct_conn) {
   std::lock_guard lock(mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end()) {
@@ -119,11 +127,11 @@ Result<ExportView> ExportTable::OpenSegment(const std::string& name, const std::
     return Status::NotFound("no readable segment '" + name + "' (private segments are reached only through grants)");
   }
   Entry& e = entries_.at(it->second);
-  if (direct) e.direct.insert(peer);
+  if (direct_conn) e.direct.insert(direct_conn);
   return View(e);
 }
 
-Result<ExportView> ExportTable::OpenGrant(uint64_t handle, const std::string& peer, bool direct,
+Result<ExportView> ExportTable::OpenGrant(uint64_t handle, const std::string& peer, uint64_t direct_conn,
                                           Clock::time_point now) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(handle);
@@ -144,7 +152,7 @@ Result<ExportView> ExportTable::OpenGrant(uint64_t handle, const std::string& pe
     ++refused_;
     return Status::DeadlineExceeded("grant " + std::to_string(handle) + ": lease over");
   }
-  if (direct) e.direct.insert(peer);
+  if (direct_conn) e.direct.insert(direct_conn);
   return View(e);
 }
 
@@ -182,22 +190,22 @@ void ExportTable::End(uint64_t handle, uint64_t connection) {
   if (--a->second <= 0) it->second.active.erase(a);
 }
 
-std::vector<std::string> ExportTable::DirectMappers(uint64_t handle) const {
+std::vector<uint64_t> ExportTable::DirectMappers(uint64_t handle) const {
   std::lock_guard lock(mu_);
   auto it = entries_.find(handle);
   if (it == entries_.end()) return {};
   return {it->second.direct.begin(), it->second.direct.end()};
 }
 
-void ExportTable::AckRevoke(uint64_t handle, const std::string& peer) {
+void ExportTable::AckRevoke(uint64_t handle, uint64_t conn) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(handle);
-  if (it != entries_.end() && it->second.revoked) it->second.direct.erase(peer);
+  if (it != entries_.end() && it->second.revoked) it->second.direct.erase(conn);
 }
 
-void ExportTable::PeerGone(const std::string& peer) {
+void ExportTable::ConnectionGone(uint64_t conn) {
   std::lock_guard lock(mu_);
-  for (auto& [h, e] : entries_) e.direct.erase(peer);
+  for (auto& [h, e] : entries_) e.direct.erase(conn);
 }
 
 size_t ExportTable::live_exports() const {

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -72,11 +73,15 @@ class ExportTable {
   // Forgets a quiesced handle (its number is never reused).
   void Forget(uint64_t handle);
 
-  // Opening, for `peer` (its authenticated name). `direct` = the peer will
-  // access the memory directly (same-host shared memory): it must then
-  // acknowledge a revocation (AckRevoke), or leave (PeerGone).
-  Result<ExportView> OpenSegment(const std::string& name, const std::string& peer, bool direct);
-  Result<ExportView> OpenGrant(uint64_t handle, const std::string& peer, bool direct, Clock::time_point now);
+  // Opening, for `peer` (its authenticated name). `direct_conn` != 0: the
+  // peer will access the memory directly (same-host shared memory), and
+  // that control connection must then acknowledge a revocation (AckRevoke)
+  // or close (ConnectionGone).
+  Result<ExportView> OpenSegment(const std::string& name, const std::string& peer, uint64_t direct_conn);
+  Result<ExportView> OpenGrant(uint64_t handle, const std::string& peer, uint64_t direct_conn,
+                               Clock::time_point now);
+  // The handle of a readable segment exported under `name`.
+  std::optional<uint64_t> HandleOf(const std::string& name) const;
 
   // Checks an access on arrival and marks it in flight on `connection`.
   // Returns the memory to read or write. PermissionDenied-like errors are
@@ -86,12 +91,12 @@ class ExportTable {
                          uint64_t connection, Clock::time_point now);
   void End(uint64_t handle, uint64_t connection);
 
-  // The peers that must acknowledge a revocation of `handle`.
-  std::vector<std::string> DirectMappers(uint64_t handle) const;
-  void AckRevoke(uint64_t handle, const std::string& peer);
-  // A peer whose every connection closed: its direct mappings and
-  // acknowledgements no longer matter.
-  void PeerGone(const std::string& peer);
+  // The control connections that must acknowledge a revocation of `handle`.
+  std::vector<uint64_t> DirectMappers(uint64_t handle) const;
+  void AckRevoke(uint64_t handle, uint64_t conn);
+  // A control connection closed: its direct mappings and acknowledgements
+  // no longer matter (the peer drops every mapping when it loses it).
+  void ConnectionGone(uint64_t conn);
 
   size_t live_exports() const;
   uint64_t refused() const;
@@ -109,7 +114,7 @@ class ExportTable {
     Clock::time_point expires = Clock::time_point::max();
     bool revoked = false;
     std::unordered_map<uint64_t, int> active;  // connection → accesses in flight
-    std::set<std::string> direct;              // peers mapping it directly (unacknowledged)
+    std::set<uint64_t> direct;                 // control connections mapping it directly (unacknowledged)
   };
   Result<ExportView> View(const Entry& e) const;
 

@@ -17,11 +17,7 @@
 namespace strata::transfer::detail {
 
 using nlohmann::json;
-std::string PeerMac(const std::string& secret, const Hello& target, const Hello& peer);
-std::string TargetMac(const std::string& secret, const Hello& target, const Hello& peer);
-bool HexEqual(const std::string& a, const std::string& b);
 json HelloJson(const Hello& h);
-Result<Hello> ParseHello(const std::string& payload);
 
 void DirectHandle::Unmap() {
   if (map_base) munmap(map_base, map_length);
@@ -195,31 +191,35 @@ void EngineImpl::ControlReader(std::shared_ptr<Peer> peer) {
         std::unique_lock lock(peer->direct_mu);  // waits for copies in flight
         auto it = peer->direct.find(h->handle);
         if (it != peer->direct.end()) {
-          it->second.revoked = true;
           it->second.Unmap();  // an old handle now reaches nothing
+          peer->direct.erase(it);
         }
+        // Also when the open's reply has not been turned into a mapping
+        // yet: FinishOpen checks this set under the same lock.
+        peer->revoked.insert(h->handle);
       }
       FrameHeader ack;
       ack.type = FrameType::kRevokeAck;
       ack.handle = h->handle;
       std::lock_guard wl(peer->control_write_mu);
-      (void)SendFrame(peer->control_fd, ack, "");
+      if (peer->control_fd >= 0) (void)SendFrame(peer->control_fd, ack, "");
       continue;
     }
     std::lock_guard lock(peer->reply_mu);
-    peer->replies[h->request_id] = {*h, std::move(payload)};
-    peer->reply_cv.notify_all();
-  }
-  // Without the control connection no revocation can reach us: stop
-  // direct access to everything this peer exported.
-  {
-    std::unique_lock lock(peer->direct_mu);
-    for (auto& [h, d] : peer->direct) {
-      d.revoked = true;
-      d.Unmap();
+    if (peer->waiting.count(h->request_id)) {  // nobody waits for a late reply
+      peer->replies[h->request_id] = {*h, std::move(payload)};
+      peer->reply_cv.notify_all();
     }
   }
-  peer->control_broken = true;
+  // Without the control connection no revocation can reach us: stop
+  // direct access to everything this peer exported (and to what a pending
+  // open would map).
+  {
+    std::unique_lock lock(peer->direct_mu);
+    for (auto& [h, d] : peer->direct) d.Unmap();
+    peer->direct.clear();
+    peer->control_broken = true;
+  }
   std::lock_guard lock(peer->reply_mu);
   peer->reply_cv.notify_all();
 }
@@ -228,13 +228,25 @@ Result<std::pair<FrameHeader, std::string>> EngineImpl::ControlCall(Peer& peer, 
                                                                     const std::string& payload) {
   h.request_id = next_op_id_++;
   {
+    std::lock_guard lock(peer.reply_mu);
+    peer.waiting.insert(h.request_id);
+  }
+  {
     std::lock_guard wl(peer.control_write_mu);
-    if (Status s = SendFrame(peer.control_fd, h, payload); !s.ok()) return s;
+    Status s = peer.control_fd >= 0 && !peer.control_broken
+                   ? SendFrame(peer.control_fd, h, payload)
+                   : Status::Unavailable("transfer peer " + peer.name + " (" + peer.address + ") is closed");
+    if (!s.ok()) {
+      std::lock_guard lock(peer.reply_mu);
+      peer.waiting.erase(h.request_id);
+      return s;
+    }
   }
   std::unique_lock lock(peer.reply_mu);
   bool got = peer.reply_cv.wait_for(lock, std::chrono::duration<double>(opt_.connect_timeout_s), [&] {
     return peer.replies.count(h.request_id) || peer.control_broken.load();
   });
+  peer.waiting.erase(h.request_id);
   auto it = peer.replies.find(h.request_id);
   if (it == peer.replies.end()) {
     if (!got) return Status::DeadlineExceeded("no reply from transfer peer " + peer.name);
@@ -264,6 +276,11 @@ Result<RemoteHandle> EngineImpl::FinishOpen(Peer& peer, const std::pair<FrameHea
     d.expires_ns = j.value("expires_ns", int64_t{0});
     MapExport(peer.pid, j.value("memfd", -1), j.value("memfd_offset", uint64_t{0}), d.length, d.writable, &d);
     std::unique_lock lock(peer.direct_mu);
+    if (peer.control_broken || peer.revoked.count(rh.handle)) {
+      d.Unmap();  // revoked (or the peer gone) between the reply and now
+      return Status::InvalidArgument("handle " + std::to_string(rh.handle) + " of " + peer.name +
+                                     " was revoked while it was being opened");
+    }
     auto [it, inserted] = peer.direct.try_emplace(rh.handle, d);
     if (!inserted) {
       d.Unmap();  // opened twice: keep the first mapping
@@ -307,8 +324,12 @@ Status EngineImpl::AddDataConn(const std::shared_ptr<Peer>& peer) {
   auto c = std::make_shared<DataConn>();
   c->id = next_conn_id_++;
   c->fd = *fd;
-  connections_++;
   std::lock_guard lock(peer->q_mu);
+  if (peer->closing || stopping_) {  // ClosePeer took its snapshot of conns already
+    ::close(*fd);
+    return Status::Unavailable("transfer peer " + peer->name + " is closing");
+  }
+  connections_++;
   peer->conns.push_back(c);
   c->sender = std::thread([this, peer, c] { SenderLoop(peer, c); });
   c->receiver = std::thread([this, peer, c] { ReceiverLoop(peer, c); });
@@ -321,7 +342,7 @@ void EngineImpl::BreakConn(DataConn& c, Status why) {
     c.broken = true;
     c.why = std::move(why);
   }
-  ::shutdown(c.fd, SHUT_RDWR);
+  if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);
   c.cv.notify_all();
 }
 
@@ -346,7 +367,7 @@ void EngineImpl::SenderLoop(std::shared_ptr<Peer> peer, std::shared_ptr<DataConn
         peer->queue.push_front(op);  // another connection takes it
         c->broken = true;
         c->why = Status::Unavailable("connection torn down (test fault)");
-        ::shutdown(c->fd, SHUT_RDWR);
+        if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
         break;
       }
       c->sent.push_back(op);
@@ -392,8 +413,8 @@ void EngineImpl::ReceiverLoop(std::shared_ptr<Peer> peer, std::shared_ptr<DataCo
       std::lock_guard lock(c->mu);
       if (!c->sent.empty()) op = c->sent.front();
     }
-    if (!op || op->id != h->request_id ||
-        (h->type != FrameType::kReadReply && h->type != FrameType::kWriteReply)) {
+    FrameType want = op && op->kind == OpKind::kRead ? FrameType::kReadReply : FrameType::kWriteReply;
+    if (!op || op->id != h->request_id || h->type != want) {
       BreakConn(*c, Status::Corrupt("transfer peer " + peer->name + " answered a request it was not sent"));
       break;
     }
@@ -458,11 +479,24 @@ void EngineImpl::ReapConn(Peer& peer, DataConn& c) {
     }
   }
   if (!retry.empty()) {
-    std::lock_guard lock(peer.q_mu);
-    for (auto it = retry.rbegin(); it != retry.rend(); ++it) peer.queue.push_front(*it);
-    peer.q_cv.notify_all();
+    bool closing;
+    {
+      std::lock_guard lock(peer.q_mu);
+      closing = peer.closing;
+      if (!closing) {
+        for (auto it = retry.rbegin(); it != retry.rend(); ++it) peer.queue.push_front(*it);
+        peer.q_cv.notify_all();
+      }
+    }
+    if (closing) {
+      for (auto& op : retry) CompleteOp(op, Status::Unavailable("transfer peer " + peer.name + " closed"));
+    }
   }
-  ::close(c.fd);
+  {
+    std::lock_guard lock(c.mu);
+    ::close(c.fd);
+    c.fd = -1;
+  }
   connections_--;
   c.finished = true;
 }
@@ -505,10 +539,10 @@ void EngineImpl::MaintainPeers() {
     if (p->transport == Transport::kTcp && !p->control_broken && !p->closing &&
         live < static_cast<size_t>(opt_.connections_per_peer) && p->dialing == 0 && !stopping_) {
       p->dialing++;
-      std::thread([this, p] {
+      RunInBackground([this, p] {
         (void)AddDataConn(p);
         p->dialing--;
-      }).detach();
+      });
     }
     if (p->control_broken && live == 0 && !p->closing) {
       // Forget the peer: later ops on it fail at once.
@@ -516,19 +550,22 @@ void EngineImpl::MaintainPeers() {
       if (peers_.erase(p->id)) {
         auto it = peer_by_address_.find(p->address);
         if (it != peer_by_address_.end() && it->second == p->id) peer_by_address_.erase(it);
-        std::thread([this, p] { ClosePeer(*p); }).detach();
+        RunInBackground([this, p] { ClosePeer(*p); });
       }
     }
   }
 }
 
 void EngineImpl::ClosePeer(Peer& peer) {
-  peer.closing = true;
-  ::shutdown(peer.control_fd, SHUT_RDWR);
+  {
+    std::lock_guard wl(peer.control_write_mu);
+    if (peer.control_fd >= 0) ::shutdown(peer.control_fd, SHUT_RDWR);
+  }
   std::vector<std::shared_ptr<DataConn>> conns;
   std::vector<OpPtr> queued;
   {
     std::lock_guard lock(peer.q_mu);
+    peer.closing = true;  // no connection is added and no op queued after this
     conns = peer.conns;
     queued.assign(peer.queue.begin(), peer.queue.end());
     peer.queue.clear();
@@ -541,6 +578,7 @@ void EngineImpl::ClosePeer(Peer& peer) {
   }
   for (auto& op : queued) CompleteOp(op, Status::Unavailable("transfer peer " + peer.name + " closed"));
   if (peer.control_reader.joinable()) peer.control_reader.join();
+  std::lock_guard wl(peer.control_write_mu);
   if (peer.control_fd >= 0) {
     ::close(peer.control_fd);
     peer.control_fd = -1;
@@ -582,9 +620,10 @@ Status EngineImpl::ShmCopy(Op& op) {
     refused_locally_++;
     return s;
   };
-  if (it == peer->direct.end()) return refuse(Status::InvalidArgument(what + ": not opened"));
+  if (it == peer->direct.end()) {
+    return refuse(Status::InvalidArgument(what + (peer->revoked.count(op.handle) ? " was revoked" : ": not opened")));
+  }
   const DirectHandle& d = it->second;
-  if (d.revoked) return refuse(Status::InvalidArgument(what + " was revoked"));
   if (d.expires_ns != 0 && MonotonicNs() >= d.expires_ns) return refuse(Status::DeadlineExceeded(what + ": lease over"));
   if (op.kind == OpKind::kWrite && !d.writable) return refuse(Status::InvalidArgument(what + " is read-only"));
   if (op.length == 0 || op.offset > d.length || op.length > d.length - op.offset) {

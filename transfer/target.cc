@@ -48,6 +48,8 @@ json HelloJson(const Hello& h) {
   return json{{"name", h.name}, {"nonce", h.nonce},     {"host", h.host}, {"boot_id", h.boot_id},
               {"pid", h.pid},   {"role", h.role},       {"probe", h.probe_address}, {"mac", h.mac}};
 }
+std::string HelloText(const Hello& h) { return HelloJson(h).dump(); }
+
 Result<Hello> ParseHello(const std::string& payload) {
   json j = json::parse(payload, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::Corrupt("transfer hello is not a JSON object");
@@ -136,12 +138,18 @@ void EngineImpl::ServeConnection(std::shared_ptr<Served> sc) {
   if (!hello) {
     failed_handshakes_++;
     STRATA_LOG_WARN("transfer: connection refused: {}", hello.error().message());
-    ::close(sc->fd);
+    CloseServed(*sc);
+    std::lock_guard lock(served_mu_);
     sc->done = true;
     return;
   }
-  sc->peer = hello->name;
-  sc->role = hello->role;
+  {
+    std::lock_guard lock(served_mu_);
+    sc->peer = hello->name;
+    sc->role = hello->role;
+  }
+  // A peer that stops reading cannot hold a reply (or a revoke notice) forever.
+  SetSocketTimeouts(sc->fd, 30);
   connections_++;
   Status why;
   while (!stopping_) {
@@ -163,7 +171,7 @@ void EngineImpl::ServeConnection(std::shared_ptr<Served> sc) {
       case FrameType::kWrite: s = HandleWrite(*sc, *h); break;
       case FrameType::kRevokeAck:
         s = Discard(sc->fd, h->payload_bytes);
-        exports_.AckRevoke(h->handle, sc->peer);
+        exports_.AckRevoke(h->handle, sc->id);
         break;
       default:
         s = Status::Corrupt("unexpected " + std::string(FrameTypeName(h->type)) + " frame from a peer");
@@ -173,47 +181,60 @@ void EngineImpl::ServeConnection(std::shared_ptr<Served> sc) {
       break;
     }
   }
-  ::shutdown(sc->fd, SHUT_RDWR);
-  {
-    std::lock_guard lock(sc->write_mu);
-    ::close(sc->fd);
-    sc->fd = -1;
-  }
+  (void)why;
+  CloseServed(*sc);
   connections_--;
-  // A peer with no connection left can no longer acknowledge revocations.
-  bool any = false;
-  {
-    std::lock_guard lock(served_mu_);
-    for (auto& [id, other] : served_) {
-      if (other.get() != sc.get() && !other->done && other->peer == sc->peer) any = true;
-    }
-  }
-  if (!any) exports_.PeerGone(sc->peer);
+  // This connection can no longer acknowledge revocations; the peer drops
+  // its mappings when it loses its control connection.
+  exports_.ConnectionGone(sc->id);
+  std::lock_guard lock(served_mu_);
   sc->done = true;
+}
+
+void EngineImpl::CloseServed(Served& sc) {
+  sc.Shutdown();  // a send blocked on this socket fails now, releasing write_mu
+  std::lock_guard wl(sc.write_mu);
+  std::lock_guard fl(sc.fd_mu);
+  if (sc.fd >= 0) ::close(sc.fd);
+  sc.fd = -1;
 }
 
 Status EngineImpl::SendToServed(Served& sc, FrameHeader h, std::string_view payload) {
   std::lock_guard lock(sc.write_mu);
-  if (sc.fd < 0) return Status::Unavailable("connection closed");
-  return SendFrame(sc.fd, h, payload);
+  int fd;
+  {
+    std::lock_guard fl(sc.fd_mu);
+    fd = sc.fd;  // stays open while write_mu is held (closing takes it)
+  }
+  if (fd < 0) return Status::Unavailable("connection closed");
+  return SendFrame(fd, h, payload);
 }
 
 void EngineImpl::HandleOpen(Served& sc, const FrameHeader& h, const std::string& payload) {
   json req = json::parse(payload, nullptr, false);
   bool direct = req.is_object() && req.value("direct", false);
+  uint64_t direct_conn = direct ? sc.id : 0;
+  // The open and its reply happen under write_mu, so a revoke notice for
+  // this handle (sent under write_mu too) always follows the reply.
+  std::lock_guard lock(sc.write_mu);
+  int fd;
+  {
+    std::lock_guard fl(sc.fd_mu);
+    fd = sc.fd;
+  }
   Result<ExportView> view = Status::Internal("unset");
   if (h.type == FrameType::kOpenSegment) {
     std::string name = req.is_object() ? req.value("name", "") : "";
-    view = exports_.OpenSegment(name, sc.peer, direct);
+    view = exports_.OpenSegment(name, sc.peer, direct_conn);
   } else {
-    view = exports_.OpenGrant(h.handle, sc.peer, direct, Clock::now());
+    view = exports_.OpenGrant(h.handle, sc.peer, direct_conn, Clock::now());
   }
   FrameHeader r;
   r.type = FrameType::kOpenReply;
   r.request_id = h.request_id;
   if (!view) {
     r.status = view.error().code();
-    (void)SendToServed(sc, r, view.error().message());
+    (void)SendFrame(fd, r, view.error().message());
     return;
   }
   r.handle = view->handle;
@@ -221,7 +242,7 @@ void EngineImpl::HandleOpen(Served& sc, const FrameHeader& h, const std::string&
   json j{{"handle", view->handle},  {"length", view->length},         {"writable", view->writable},
          {"base", view->base_address}, {"expires_ns", view->expires_ns}, {"name", view->name},
          {"memfd", view->memfd},       {"memfd_offset", view->memfd_offset}};
-  (void)SendToServed(sc, r, j.dump());
+  (void)SendFrame(fd, r, j.dump());
 }
 
 Status EngineImpl::HandleRead(Served& sc, const FrameHeader& h) {
@@ -263,33 +284,33 @@ Status EngineImpl::HandleWrite(Served& sc, const FrameHeader& h) {
 }
 
 void EngineImpl::ShutdownServed(const std::vector<uint64_t>& ids) {
-  std::lock_guard lock(served_mu_);
-  for (uint64_t id : ids) {
-    auto it = served_.find(id);
-    if (it == served_.end()) continue;
-    std::lock_guard wl(it->second->write_mu);
-    if (it->second->fd >= 0) ::shutdown(it->second->fd, SHUT_RDWR);
+  std::vector<std::shared_ptr<Served>> found;
+  {
+    std::lock_guard lock(served_mu_);
+    for (uint64_t id : ids) {
+      auto it = served_.find(id);
+      if (it != served_.end()) found.push_back(it->second);
+    }
   }
+  for (auto& sc : found) sc->Shutdown();  // never waits for a reply in progress
 }
 
 void EngineImpl::NotifyRevoke(uint64_t handle) {
-  for (const std::string& peer : exports_.DirectMappers(handle)) {
+  for (uint64_t conn : exports_.DirectMappers(handle)) {
     std::shared_ptr<Served> control;
     {
       std::lock_guard lock(served_mu_);
-      for (auto& [id, sc] : served_) {
-        if (!sc->done && sc->peer == peer && sc->role == "control") control = sc;
-      }
+      auto it = served_.find(conn);
+      if (it != served_.end() && !it->second->done) control = it->second;
     }
     FrameHeader f;
     f.type = FrameType::kRevoke;
     f.handle = handle;
     if (!control || !SendToServed(*control, f, "").ok()) {
-      // No way to reach it: once its connections are gone it cannot copy.
-      bool alive = false;
-      std::lock_guard lock(served_mu_);
-      for (auto& [id, sc] : served_) alive |= !sc->done && sc->peer == peer;
-      if (!alive) exports_.AckRevoke(handle, peer);
+      // Unreachable: once its control connection is gone the peer has
+      // dropped every mapping (and its copies hold the same lock).
+      if (control) control->Shutdown();
+      if (!control) exports_.AckRevoke(handle, conn);
     }
   }
 }

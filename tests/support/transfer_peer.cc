@@ -7,6 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
+
 #include "tests/support/run_command.h"
 
 namespace strata::testing {
@@ -98,7 +101,18 @@ std::string TransferPeer::Ok(const std::string& command) {
 }
 
 void TransferPeer::Kill(int sig) {
-  if (pid_ > 0 && !reaped_) kill(pid_, sig);
+  if (pid_ <= 0 || reaped_) return;
+  kill(pid_, sig);
+  if (sig != SIGSTOP) return;
+  // kill() returns before the process stops: wait until it has (state T).
+  for (int i = 0; i < 2000; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(pid_) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    size_t close = text.rfind(')');
+    if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T') return;
+    usleep(1000);
+  }
+  ADD_FAILURE() << "the peer did not stop";
 }
 
 int TransferPeer::Wait() {

@@ -27,6 +27,7 @@ class TransferPeer {
   std::string Call(const std::string& command);
   // "ok X" → "X"; anything else fails the calling test and returns "".
   std::string Ok(const std::string& command);
+  // Sends `sig`; for SIGSTOP, returns once the process has stopped.
   void Kill(int sig);
   // Waits for the process to exit; its exit status (or -signal).
   int Wait();

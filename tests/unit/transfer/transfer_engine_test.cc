@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+
 #include <cstring>
 #include <random>
 #include <thread>
 
+#include "transfer/engine_impl.h"
 #include "transfer/shared_memory.h"
 #include "transfer/wire.h"
 
@@ -18,6 +21,19 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr uint64_t kBytes = 4 << 20;
+
+// Polls a batch to completion; a batch that never completes fails the test
+// instead of hanging it.
+BatchResult WaitBounded(TransferEngine& e, uint64_t batch, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    if (auto r = e.Poll(batch)) return std::move(*r);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ADD_FAILURE() << "transfer batch " << batch << " did not complete within " << limit.count() << " s";
+  return BatchResult{Status::Internal("never completed"), {}, 0, 0};
+}
+
 
 struct Side {
   SegmentTable segments;
@@ -64,7 +80,7 @@ class TransferEngineTest : public ::testing::TestWithParam<Transport> {
     auto b = client_->engine->Submit(std::move(ops), Clock::now() + deadline);
     EXPECT_TRUE(b.has_value());
     if (!b) return {};
-    return client_->engine->Wait(*b);
+    return WaitBounded(*client_->engine, *b);
   }
   std::unique_ptr<Side> owner_, client_;
   uint64_t peer_ = 0;
@@ -253,6 +269,86 @@ TEST(TransferMetrics, RendersEveryFamily) {
   EXPECT_NE(text.find("strata_transfer_timeouts_total 2"), std::string::npos);
   EXPECT_NE(text.find("strata_transfer_op_seconds_bucket{le=\"+Inf\"} 4"), std::string::npos);
   EXPECT_NE(text.find("strata_transfer_failed_handshakes_total 0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::transfer
+
+namespace strata::transfer {
+namespace {
+
+// An open racing a revocation never leaves a live handle to memory the owner
+// was told it may reuse (shm: the revoke can overtake the open's mapping).
+TEST_P(TransferEngineTest, AnOpenRacingARevokeNeverWritesAfterQuiesced) {
+  std::mt19937 rng(5);
+  for (int i = 0; i < 100; ++i) {
+    auto grant = owner_->engine->Grant(Region{owner_->inbox_id, 0, kBytes}, "client", 30s);
+    ASSERT_TRUE(grant.has_value());
+    Result<RemoteHandle> opened = Status::Internal("unset");
+    std::thread opener([&] { opened = client_->engine->OpenGrant(peer_, *grant); });
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
+    ASSERT_TRUE(owner_->engine->Revoke(*grant).ok());
+    auto until = Clock::now() + 10s;
+    while (!owner_->engine->Quiesced(*grant) && Clock::now() < until) std::this_thread::sleep_for(100us);
+    ASSERT_TRUE(owner_->engine->Quiesced(*grant));
+    std::memset(owner_->inbox.data(), 0xee, 4096);  // handed out again
+    opener.join();
+    if (opened) {
+      auto r = Run({{OpKind::kWrite, Region{client_->data_id, 0, 4096}, *opened, 0}});
+      EXPECT_FALSE(r.status.ok()) << "iteration " << i;
+    }
+    for (int k = 0; k < 4096; ++k) ASSERT_EQ(owner_->inbox.data()[k], 0xee) << "iteration " << i;
+  }
+}
+
+// A peer that asks for a big read and never reads the reply cannot hold a
+// revocation: the connection is shut down and the export quiesces.
+TEST(TransferEngineRevoke, AStalledReaderDoesNotHoldARevoke) {
+  auto owner = MakeSide("owner", {Transport::kTcp}, 1);
+  auto hp = SplitHostPort(owner->engine->address());
+  auto fd = ConnectTcp(hp->first, hp->second, 5);
+  ASSERT_TRUE(fd.has_value());
+  // The handshake by hand.
+  auto h = RecvHeader(*fd);
+  ASSERT_TRUE(h.has_value());
+  std::string payload(h->payload_bytes, '\0');
+  ASSERT_TRUE(RecvAll(*fd, payload.data(), payload.size(), "hello").ok());
+  auto target = detail::ParseHello(payload);
+  ASSERT_TRUE(target.has_value());
+  detail::Hello me;
+  me.name = "slow";
+  me.nonce = RandomHex(16);
+  me.role = "control";
+  me.mac = detail::PeerMac("s3cret", *target, me);
+  FrameHeader f;
+  f.type = FrameType::kHelloPeer;
+  ASSERT_TRUE(SendFrame(*fd, f, detail::HelloText(me)).ok());
+  auto ok = RecvHeader(*fd);
+  ASSERT_TRUE(ok.has_value());
+  ASSERT_EQ(ok->type, FrameType::kAuthOk);
+  ASSERT_TRUE(Discard(*fd, ok->payload_bytes).ok());
+  // Read all 4 MiB of "data" ten times, never reading the replies.
+  int small = 4096;
+  setsockopt(*fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  FrameHeader rd;
+  rd.type = FrameType::kRead;
+  rd.handle = 1;  // the first export: "data"
+  rd.length = kBytes;
+  for (int i = 0; i < 10; ++i) {
+    rd.request_id = static_cast<uint64_t>(i + 1);
+    ASSERT_TRUE(SendFrame(*fd, rd, "").ok());
+  }
+  std::this_thread::sleep_for(200ms);  // the target is now blocked sending
+  auto t0 = Clock::now();
+  ASSERT_TRUE(owner->engine->Unexport("data").ok());
+  auto until = Clock::now() + 10s;
+  while (!owner->engine->Quiesced(1) && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(owner->engine->Quiesced(1)) << "the 30 s send timeout would have been needed";
+  EXPECT_LT(Clock::now() - t0, 10s);
+  ::close(*fd);
+  // The owner still serves others.
+  auto client = MakeSide("client", {Transport::kTcp}, 2);
+  EXPECT_TRUE(client->engine->Connect(owner->engine->address()).has_value());
 }
 
 }  // namespace
