@@ -1,0 +1,134 @@
+#pragma once
+// The cluster KV index: which instance holds which block, in which tier,
+// built from the instances' published events (issue 18; DESIGN.md
+// decision 7). A library: the remote tier asks it who holds the blocks the
+// local tiers lack, and the router (later) asks it how much of a prompt
+// each instance has cached.
+//
+// Each instance publishes batches of `stored` / `removed` events for its
+// blocks (hash, tier), numbered with consecutive per-instance sequence
+// numbers and tagged with the process's incarnation (random per start).
+// The index applies them in order:
+//   - a batch already applied (or the applied part of an overlapping one)
+//     is ignored: duplicates are harmless;
+//   - a batch from the future (a gap) waits, up to kMaxPending batches per
+//     instance; past that the instance needs a snapshot. A subscriber also
+//     asks for one when a gap lasts (status().pending > 0 for longer than
+//     reordering explains, e.g. it joined after the instance's first
+//     batches);
+//   - a new incarnation drops everything the old one published at once
+//     (the new process lacks those blocks) and expects its sequence 1; the
+//     old incarnation is retired, and its late batches or snapshots are
+//     ignored from then on;
+//   - a snapshot (the instance's whole state as of sequence S, asked of
+//     the live process) replaces the instance's state, then waiting batches
+//     after S apply.
+// It is exact for what was applied: no block is reported that the
+// instance's applied events do not say it holds.
+//
+// Thread-safety: all methods may be called from any thread (one mutex).
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/sha256.h"
+#include "kvcache/block_hash.h"
+#include "kvcache/tier_kind.h"
+
+namespace strata::kvcache {
+
+struct KvEvent {
+  enum class Kind : uint8_t { kStored, kRemoved };
+  Kind kind = Kind::kStored;
+  BlockHash hash;
+  TierKind tier = TierKind::kDevice;
+};
+
+// Events seq_first, seq_first + 1, ... (one per event), from one instance.
+struct KvEventBatch {
+  std::string instance;
+  std::string incarnation;
+  uint64_t seq_first = 1;  // sequence numbers start at 1 in each incarnation
+  std::vector<KvEvent> events;
+};
+
+// An instance's whole state after applying its events up to `seq`.
+struct KvSnapshot {
+  std::string instance;
+  std::string incarnation;
+  uint64_t seq = 0;
+  std::vector<std::pair<BlockHash, TierKind>> blocks;
+};
+
+// Which tiers of one instance hold a block.
+using TierMask = uint8_t;
+inline constexpr TierMask MaskOf(TierKind t) { return static_cast<TierMask>(1u << static_cast<unsigned>(t)); }
+
+struct PrefixHolder {
+  std::string instance;
+  size_t blocks = 0;           // leading blocks of the chain it holds
+  std::vector<TierMask> tiers; // per block of that prefix
+};
+
+class ClusterKvIndex {
+ public:
+  static constexpr size_t kMaxPending = 64;
+
+  enum class ApplyResult {
+    kApplied,       // the new events are applied (maybe along with waiting ones)
+    kDuplicate,     // nothing new
+    kWaiting,       // after a gap: kept until the missing batches come
+    kNeedSnapshot,  // the instance's state is unknown until ApplySnapshot
+    kStale,         // from a retired incarnation: ignored
+  };
+  ApplyResult Apply(const KvEventBatch& batch);
+  // Replaces the instance's state; false (ignored) for a retired
+  // incarnation.
+  bool ApplySnapshot(const KvSnapshot& snapshot);
+  // The instance left (its lease ended): forget it.
+  void RemoveInstance(const std::string& instance);
+
+  // Every instance holding at least the first block of `chain`, with how many
+  // leading blocks it holds, longest first (ties by name).
+  std::vector<PrefixHolder> LongestPrefix(std::span<const BlockHash> chain) const;
+  // The tiers of `instance` holding `hash` (0 if none).
+  TierMask Holds(const std::string& instance, const BlockHash& hash) const;
+
+  struct InstanceStatus {
+    std::string incarnation;
+    uint64_t applied_seq = 0;   // last sequence number applied
+    size_t blocks = 0;          // distinct blocks held
+    size_t pending = 0;         // batches waiting after a gap
+    bool needs_snapshot = false;
+  };
+  std::map<std::string, InstanceStatus> status() const;
+
+ private:
+  struct Instance {
+    std::string incarnation;
+    std::vector<std::string> retired;  // earlier incarnations, most recent last (at most 16)
+    uint64_t applied = 0;
+    bool needs_snapshot = false;
+    std::map<uint64_t, KvEventBatch> pending;  // by seq_first
+    std::unordered_map<BlockHash, TierMask, BlockHashHasher> blocks;
+  };
+  void ApplyEvents(const std::string& name, Instance& in, const KvEventBatch& b, uint64_t from_seq);
+  void DrainPending(const std::string& name, Instance& in);
+  void Clear(const std::string& name, Instance& in);
+  // Switches `in` to `incarnation` (retiring the current one, dropping its state).
+  void Reincarnate(const std::string& name, Instance& in, const std::string& incarnation);
+  static bool Retired(const Instance& in, const std::string& incarnation);
+  void Set(const std::string& name, Instance& in, const BlockHash& h, TierMask mask);
+
+  mutable std::mutex mu_;
+  std::map<std::string, Instance> instances_;
+  // hash → instances holding it (for prefix queries).
+  std::unordered_map<BlockHash, std::map<std::string, TierMask>, BlockHashHasher> holders_;
+};
+
+}  // namespace strata::kvcache
