@@ -183,6 +183,7 @@ class EngineImpl final : public TransferEngine {
   void TimerLoop();
   void CheckDeadlines(Clock::time_point now);
   // target.cc
+  Hello MakeHello(const std::string& role) const;  // this process, a fresh nonce
   void ListenLoop();
   void ServeConnection(std::shared_ptr<Served> sc);
   Result<Hello> ServerHandshake(Served& sc);

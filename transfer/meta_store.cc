@@ -8,20 +8,6 @@ namespace strata::transfer {
 
 using nlohmann::json;
 
-namespace {
-int64_t Int64(const json& j, const char* name) {
-  if (!j.contains(name)) return 0;
-  const json& v = j[name];
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_string()) {
-    try {
-      return std::stoll(v.get<std::string>());
-    } catch (...) {
-    }
-  }
-  return 0;
-}
-}  // namespace
 
 void MetaStore::Expire(int64_t now) {
   for (auto it = leases_.begin(); it != leases_.end();) {
@@ -62,13 +48,13 @@ std::string MetaStore::Handle(const std::string& path, const std::string& body, 
     return true;
   };
   if (path == "/v3/lease/grant") {
-    int64_t ttl = std::max<int64_t>(Int64(req, "TTL"), 2);
+    int64_t ttl = std::max<int64_t>(GatewayInt64(req, "TTL"), 2);
     int64_t id = next_lease_++;
     leases_[id] = Lease{ttl * 1000, now + ttl * 1000};
     return json{{"header", header}, {"ID", std::to_string(id)}, {"TTL", std::to_string(ttl)}}.dump();
   }
   if (path == "/v3/lease/keepalive") {
-    int64_t id = Int64(req, "ID");
+    int64_t id = GatewayInt64(req, "ID");
     auto it = leases_.find(id);
     json result{{"header", header}, {"ID", std::to_string(id)}};
     if (it != leases_.end()) {
@@ -78,7 +64,7 @@ std::string MetaStore::Handle(const std::string& path, const std::string& body, 
     return json{{"result", result}}.dump();
   }
   if (path == "/v3/lease/revoke") {
-    int64_t id = Int64(req, "ID");
+    int64_t id = GatewayInt64(req, "ID");
     auto it = leases_.find(id);
     if (it == leases_.end()) return error(5, "etcdserver: requested lease not found");
     it->second.expires_ms = 0;
@@ -88,7 +74,7 @@ std::string MetaStore::Handle(const std::string& path, const std::string& body, 
   if (path == "/v3/kv/put") {
     std::string key, value;
     if (!decode("key", &key) || !decode("value", &value) || key.empty()) return error(3, "bad key or value");
-    int64_t lease = Int64(req, "lease");
+    int64_t lease = GatewayInt64(req, "lease");
     if (lease != 0 && !leases_.count(lease)) return error(5, "etcdserver: requested lease not found");
     kv_[key] = {value, lease};
     ++revision_;

@@ -18,21 +18,6 @@ int64_t NowUnixMs() {
       .count();
 }
 
-// etcd's gateway writes int64 as strings; accept numbers too.
-int64_t Int64Field(const json& j, const char* name) {
-  if (!j.is_object() || !j.contains(name)) return 0;
-  const json& v = j[name];
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_string()) {
-    try {
-      return std::stoll(v.get<std::string>());
-    } catch (...) {
-      return 0;
-    }
-  }
-  return 0;
-}
-
 // The key just past every key with this prefix (etcd's range_end).
 std::string PrefixEnd(std::string p) {
   while (!p.empty()) {
@@ -182,7 +167,7 @@ Result<std::string> MetadataClient::Call(const std::string& path, const std::str
 Result<int64_t> MetadataClient::GrantLease(int ttl) {
   auto r = Call("/v3/lease/grant", json{{"TTL", ttl}}.dump());
   if (!r) return r.error();
-  int64_t id = Int64Field(json::parse(*r), "ID");
+  int64_t id = GatewayInt64(json::parse(*r), "ID");
   if (id == 0) return Status::Unavailable("metadata store granted no lease");
   return id;
 }
@@ -192,7 +177,7 @@ Result<bool> MetadataClient::KeepAlive(int64_t lease) {
   if (!r) return r.error().code() == StatusCode::kNotFound ? Result<bool>(false) : Result<bool>(r.error());
   json j = json::parse(*r);
   const json& res = j.contains("result") ? j["result"] : j;
-  return Int64Field(res, "TTL") > 0;
+  return GatewayInt64(res, "TTL") > 0;
 }
 
 Status MetadataClient::Put(const std::string& key, const std::string& value, int64_t lease) {

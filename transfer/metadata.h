@@ -44,6 +44,22 @@ struct InstanceInfo {
 std::string InstanceToJson(const InstanceInfo& i);
 Result<InstanceInfo> InstanceFromJson(const std::string& text);
 
+// An int64 field of an etcd gateway JSON object (written as a string or a
+// number); 0 when absent or malformed. `object` is a nlohmann::json.
+template <typename Json>
+int64_t GatewayInt64(const Json& object, const char* name) {
+  if (!object.is_object() || !object.contains(name)) return 0;
+  const auto& v = object[name];
+  if (v.is_number_integer()) return v.template get<int64_t>();
+  if (v.is_string()) {
+    try {
+      return std::stoll(v.template get<std::string>());
+    } catch (...) {
+    }
+  }
+  return 0;
+}
+
 std::string Base64Encode(std::string_view bytes);
 Result<std::string> Base64Decode(std::string_view text);
 

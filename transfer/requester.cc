@@ -69,13 +69,7 @@ Result<int> EngineImpl::Dial(const std::string& host, int port, const std::strin
   if (Status st = RecvAll(s, payload.data(), payload.size(), "target hello"); !st.ok()) return fail(st);
   auto th = ParseHello(payload);
   if (!th) return fail(th.error());
-  Hello me;
-  me.name = opt_.instance_name;
-  me.nonce = RandomHex(16);
-  me.host = host_;
-  me.boot_id = boot_id_;
-  me.pid = static_cast<int>(getpid());
-  me.role = role;
+  Hello me = MakeHello(role);
   me.mac = PeerMac(opt_.cluster_secret, *th, me);
   FrameHeader f;
   f.type = FrameType::kHelloPeer;

@@ -97,15 +97,20 @@ void EngineImpl::ListenLoop() {
   }
 }
 
-Result<Hello> EngineImpl::ServerHandshake(Served& sc) {
-  SetSocketTimeouts(sc.fd, opt_.connect_timeout_s);
+Hello EngineImpl::MakeHello(const std::string& role) const {
   Hello me;
   me.name = opt_.instance_name;
   me.nonce = RandomHex(16);
   me.host = host_;
   me.boot_id = boot_id_;
   me.pid = static_cast<int>(getpid());
-  me.role = "target";
+  me.role = role;
+  return me;
+}
+
+Result<Hello> EngineImpl::ServerHandshake(Served& sc) {
+  SetSocketTimeouts(sc.fd, opt_.connect_timeout_s);
+  Hello me = MakeHello("target");
   me.probe_address = reinterpret_cast<uint64_t>(&probe_word_);
   FrameHeader h;
   h.type = FrameType::kHelloTarget;

@@ -14,6 +14,16 @@
 
 namespace strata::testing {
 
+transfer::BatchResult WaitBounded(transfer::TransferEngine& e, uint64_t batch, std::chrono::seconds limit) {
+  auto until = transfer::Clock::now() + limit;
+  while (transfer::Clock::now() < until) {
+    if (auto r = e.Poll(batch)) return std::move(*r);
+    usleep(200);
+  }
+  ADD_FAILURE() << "transfer batch " << batch << " did not complete within " << limit.count() << " s";
+  return transfer::BatchResult{Status::Internal("never completed"), {}, 0, 0};
+}
+
 TransferPeer::TransferPeer(const std::string& name, const std::vector<std::string>& args) {
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) {

@@ -5,10 +5,18 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
+#include "transfer/transfer_engine.h"
+
 namespace strata::testing {
+
+// Polls a transfer batch to completion; a batch that never completes fails
+// the test (after `limit`) instead of hanging it.
+transfer::BatchResult WaitBounded(transfer::TransferEngine& e, uint64_t batch,
+                                  std::chrono::seconds limit = std::chrono::seconds(60));
 
 class TransferPeer {
  public:

@@ -31,17 +31,7 @@ using strata::testing::TransferPeer;
 
 constexpr uint64_t kPeerBytes = 16 << 20;
 
-// Polls a batch to completion; a batch that never completes fails the test
-// instead of hanging it.
-BatchResult WaitBounded(TransferEngine& e, uint64_t batch, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  auto until = Clock::now() + limit;
-  while (Clock::now() < until) {
-    if (auto r = e.Poll(batch)) return std::move(*r);
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  ADD_FAILURE() << "transfer batch " << batch << " did not complete within " << limit.count() << " s";
-  return BatchResult{Status::Internal("never completed"), {}, 0, 0};
-}
+using strata::testing::WaitBounded;
 
 
 std::string Hex(uint64_t v) { return fmt::format("{:016x}", v); }

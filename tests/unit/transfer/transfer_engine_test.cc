@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/support/transfer_peer.h"
 #include "transfer/engine_impl.h"
 #include "transfer/shared_memory.h"
 #include "transfer/wire.h"
@@ -22,17 +23,7 @@ using namespace std::chrono_literals;
 
 constexpr uint64_t kBytes = 4 << 20;
 
-// Polls a batch to completion; a batch that never completes fails the test
-// instead of hanging it.
-BatchResult WaitBounded(TransferEngine& e, uint64_t batch, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  auto until = Clock::now() + limit;
-  while (Clock::now() < until) {
-    if (auto r = e.Poll(batch)) return std::move(*r);
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  ADD_FAILURE() << "transfer batch " << batch << " did not complete within " << limit.count() << " s";
-  return BatchResult{Status::Internal("never completed"), {}, 0, 0};
-}
+using strata::testing::WaitBounded;
 
 
 struct Side {
