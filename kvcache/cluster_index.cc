@@ -55,21 +55,36 @@ void ClusterKvIndex::DrainPending(const std::string& name, Instance& in) {
   }
 }
 
-bool ClusterKvIndex::Retired(const Instance& in, const std::string& incarnation) {
-  return std::find(in.retired.begin(), in.retired.end(), incarnation) != in.retired.end();
+int ClusterKvIndex::Compare(const Instance& in, bool fresh, uint64_t epoch, const std::string& incarnation) {
+  if (fresh) return 1;
+  if (epoch != in.epoch) return epoch < in.epoch ? -1 : 1;
+  if (incarnation != in.incarnation) return incarnation < in.incarnation ? -1 : 1;
+  return in.removed ? -1 : 0;  // the removed incarnation itself is stale
 }
 
-void ClusterKvIndex::Reincarnate(const std::string& name, Instance& in, const std::string& incarnation) {
-  if (!in.incarnation.empty()) {
-    in.retired.push_back(in.incarnation);
-    if (in.retired.size() > 16) in.retired.erase(in.retired.begin());
-  }
+void ClusterKvIndex::Reincarnate(const std::string& name, Instance& in, uint64_t epoch,
+                                 const std::string& incarnation) {
   // A new process under this name: nothing the old one published holds.
   Clear(name, in);
   in.pending.clear();
   in.incarnation = incarnation;
+  in.epoch = epoch;
+  in.removed = false;
   in.applied = 0;
   in.needs_snapshot = false;
+}
+
+void ClusterKvIndex::AddPending(Instance& in, const KvEventBatch& b) {
+  uint64_t last = b.seq_first + b.events.size() - 1;
+  auto it = in.pending.find(b.seq_first);
+  if (it != in.pending.end()) {
+    // A re-sent batch: keep the longer one.
+    if (it->second.seq_first + it->second.events.size() - 1 < last) it->second = b;
+    return;
+  }
+  in.pending.emplace(b.seq_first, b);
+  // Bounded: keep the newest (a snapshot will cover the oldest).
+  while (in.pending.size() > kMaxPending) in.pending.erase(in.pending.begin());
 }
 
 ClusterKvIndex::ApplyResult ClusterKvIndex::Apply(const KvEventBatch& b) {
@@ -77,25 +92,27 @@ ClusterKvIndex::ApplyResult ClusterKvIndex::Apply(const KvEventBatch& b) {
   std::lock_guard lock(mu_);
   auto [it, fresh] = instances_.try_emplace(b.instance);
   Instance& in = it->second;
-  if (Retired(in, b.incarnation)) return ApplyResult::kStale;
-  if (fresh || in.incarnation != b.incarnation) {
-    // Its earlier batches may still come (reordering) or may have gone by
-    // (a subscriber that joined late): the gap rules below decide, and the
-    // subscriber asks for a snapshot when a gap lasts.
-    Reincarnate(b.instance, in, b.incarnation);
-  }
+  int order = Compare(in, fresh, b.epoch, b.incarnation);
+  if (order < 0) return ApplyResult::kStale;
+  // Its earlier batches may still come (reordering) or may have gone by
+  // (a subscriber that joined late): the gap rules below decide, and the
+  // subscriber asks for a snapshot when a gap lasts.
+  if (order > 0) Reincarnate(b.instance, in, b.epoch, b.incarnation);
   uint64_t last = b.seq_first + b.events.size() - 1;
   if (in.needs_snapshot) {
-    if (in.pending.size() < kMaxPending) in.pending.emplace(b.seq_first, b);
+    if (last > in.applied) AddPending(in, b);
     return ApplyResult::kNeedSnapshot;
   }
   if (last <= in.applied) return ApplyResult::kDuplicate;
   if (b.seq_first > in.applied + 1) {
-    in.pending.emplace(b.seq_first, b);
-    if (in.pending.size() > kMaxPending) {
+    if (in.pending.size() >= kMaxPending) {
+      // Too far behind: the snapshot will cover what waits; keep only newer.
+      in.pending.clear();
       in.needs_snapshot = true;
+      AddPending(in, b);
       return ApplyResult::kNeedSnapshot;
     }
+    AddPending(in, b);
     return ApplyResult::kWaiting;
   }
   ApplyEvents(b.instance, in, b, in.applied + 1);
@@ -107,17 +124,10 @@ bool ClusterKvIndex::ApplySnapshot(const KvSnapshot& s) {
   std::lock_guard lock(mu_);
   auto [it, fresh] = instances_.try_emplace(s.instance);
   Instance& in = it->second;
-  if (Retired(in, s.incarnation)) return false;
-  if (in.incarnation != s.incarnation) {
-    // Batches waiting from the same new incarnation stay (a snapshot is
-    // asked of the live process, and its later batches may have come first).
-    std::map<uint64_t, KvEventBatch> keep;
-    for (auto& [seq, b] : in.pending) {
-      if (b.incarnation == s.incarnation) keep.emplace(seq, std::move(b));
-    }
-    Reincarnate(s.instance, in, s.incarnation);
-    in.pending = std::move(keep);
-  }
+  int order = Compare(in, fresh, s.epoch, s.incarnation);
+  if (order < 0) return false;
+  if (order == 0 && s.seq < in.applied) return false;  // older than what is applied
+  if (order > 0) Reincarnate(s.instance, in, s.epoch, s.incarnation);
   Clear(s.instance, in);
   for (const auto& [h, tier] : s.blocks) {
     auto b = in.blocks.find(h);
@@ -134,7 +144,9 @@ void ClusterKvIndex::RemoveInstance(const std::string& instance) {
   auto it = instances_.find(instance);
   if (it == instances_.end()) return;
   Clear(instance, it->second);
-  instances_.erase(it);
+  it->second.pending.clear();
+  it->second.removed = true;  // a tombstone: its incarnation's late traffic is stale
+  it->second.needs_snapshot = false;
 }
 
 std::vector<PrefixHolder> ClusterKvIndex::LongestPrefix(std::span<const BlockHash> chain) const {
@@ -182,6 +194,7 @@ std::map<std::string, ClusterKvIndex::InstanceStatus> ClusterKvIndex::status() c
   std::lock_guard lock(mu_);
   std::map<std::string, InstanceStatus> out;
   for (const auto& [name, in] : instances_) {
+    if (in.removed) continue;
     out[name] = InstanceStatus{in.incarnation, in.applied, in.blocks.size(), in.pending.size(), in.needs_snapshot};
   }
   return out;

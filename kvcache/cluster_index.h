@@ -16,13 +16,13 @@
 //     asks for one when a gap lasts (status().pending > 0 for longer than
 //     reordering explains, e.g. it joined after the instance's first
 //     batches);
-//   - a new incarnation drops everything the old one published at once
-//     (the new process lacks those blocks) and expects its sequence 1; the
-//     old incarnation is retired, and its late batches or snapshots are
-//     ignored from then on;
+//   - a newer incarnation drops everything the older one published at once
+//     (the new process lacks those blocks) and expects its sequence 1;
+//     batches and snapshots of an older incarnation than the newest seen
+//     are ignored (kStale), also after the instance was removed;
 //   - a snapshot (the instance's whole state as of sequence S, asked of
 //     the live process) replaces the instance's state, then waiting batches
-//     after S apply.
+//     after S apply; a snapshot older than what was applied is ignored.
 // It is exact for what was applied: no block is reported that the
 // instance's applied events do not say it holds.
 //
@@ -49,10 +49,15 @@ struct KvEvent {
   TierKind tier = TierKind::kDevice;
 };
 
+// Incarnations are ordered by (epoch, id): epoch is the process's start
+// time (Unix ms), id is random, so a restart is always newer and late
+// traffic from an older process is recognised.
+
 // Events seq_first, seq_first + 1, ... (one per event), from one instance.
 struct KvEventBatch {
   std::string instance;
   std::string incarnation;
+  uint64_t epoch = 0;      // start time of the incarnation (Unix ms)
   uint64_t seq_first = 1;  // sequence numbers start at 1 in each incarnation
   std::vector<KvEvent> events;
 };
@@ -61,6 +66,7 @@ struct KvEventBatch {
 struct KvSnapshot {
   std::string instance;
   std::string incarnation;
+  uint64_t epoch = 0;
   uint64_t seq = 0;
   std::vector<std::pair<BlockHash, TierKind>> blocks;
 };
@@ -87,10 +93,11 @@ class ClusterKvIndex {
     kStale,         // from a retired incarnation: ignored
   };
   ApplyResult Apply(const KvEventBatch& batch);
-  // Replaces the instance's state; false (ignored) for a retired
-  // incarnation.
+  // Replaces the instance's state; false (ignored) for an older incarnation
+  // or an older sequence than already applied.
   bool ApplySnapshot(const KvSnapshot& snapshot);
-  // The instance left (its lease ended): forget it.
+  // The instance left (its lease ended): forget its blocks. Its incarnation
+  // (and older ones) stay retired: their late traffic is ignored.
   void RemoveInstance(const std::string& instance);
 
   // Every instance holding at least the first block of `chain`, with how many
@@ -111,7 +118,8 @@ class ClusterKvIndex {
  private:
   struct Instance {
     std::string incarnation;
-    std::vector<std::string> retired;  // earlier incarnations, most recent last (at most 16)
+    uint64_t epoch = 0;
+    bool removed = false;       // a tombstone: (epoch, incarnation) and older are stale
     uint64_t applied = 0;
     bool needs_snapshot = false;
     std::map<uint64_t, KvEventBatch> pending;  // by seq_first
@@ -120,9 +128,12 @@ class ClusterKvIndex {
   void ApplyEvents(const std::string& name, Instance& in, const KvEventBatch& b, uint64_t from_seq);
   void DrainPending(const std::string& name, Instance& in);
   void Clear(const std::string& name, Instance& in);
-  // Switches `in` to `incarnation` (retiring the current one, dropping its state).
-  void Reincarnate(const std::string& name, Instance& in, const std::string& incarnation);
-  static bool Retired(const Instance& in, const std::string& incarnation);
+  // Switches `in` to a newer incarnation, dropping the older one's state.
+  void Reincarnate(const std::string& name, Instance& in, uint64_t epoch, const std::string& incarnation);
+  // -1: (epoch, inc) is older than the instance's; 0: the same; 1: newer
+  // (or the instance is fresh).
+  static int Compare(const Instance& in, bool fresh, uint64_t epoch, const std::string& incarnation);
+  void AddPending(Instance& in, const KvEventBatch& b);
   void Set(const std::string& name, Instance& in, const BlockHash& h, TierMask mask);
 
   mutable std::mutex mu_;

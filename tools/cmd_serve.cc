@@ -368,7 +368,19 @@ int Run(CLI::App* cmd, ServeFlags& f) {
         self.name = std::string(hn) + ":" + std::to_string((*http)->port());
       }
       self.incarnation = transfer::RandomHex(8);
-      self.http_address = f.host + ":" + std::to_string((*http)->port());
+      // A wildcard bind is no address for peers: the transfer engine's
+      // advertised host, else this host's name.
+      std::string host = f.host;
+      if (host == "0.0.0.0" || host == "::" || host.empty()) {
+        if (!f.transfer.advertise_address.empty()) {
+          host = f.transfer.advertise_address;
+        } else {
+          char hn[256] = {};
+          gethostname(hn, sizeof(hn) - 1);
+          host = hn;
+        }
+      }
+      self.http_address = host + ":" + std::to_string((*http)->port());
       if (xfer) {
         self.transfer_address = xfer->address();
         auto ts = transfer::ParseTransports(f.transfer.transports);

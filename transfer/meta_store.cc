@@ -83,7 +83,12 @@ std::string MetaStore::Handle(const std::string& path, const std::string& body, 
   if (path == "/v3/kv/range" || path == "/v3/kv/deleterange") {
     std::string key, end;
     if (!decode("key", &key) || !decode("range_end", &end)) return error(3, "bad key or range_end");
-    auto in = [&](const std::string& k) { return end.empty() ? k == key : (k >= key && k < end); };
+    // etcd: no range_end = the key alone; "\0" = every key >= key.
+    auto in = [&](const std::string& k) {
+      if (end.empty()) return k == key;
+      if (end == std::string(1, '\0')) return k >= key;
+      return k >= key && k < end;
+    };
     json kvs = json::array();
     int64_t n = 0;
     for (auto it = kv_.begin(); it != kv_.end();) {

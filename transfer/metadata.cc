@@ -140,6 +140,7 @@ Result<std::unique_ptr<MetadataClient>> MetadataClient::Create(const MetadataUrl
 }
 
 MetadataClient::~MetadataClient() {
+  std::lock_guard life(lifecycle_mu_);
   {
     std::lock_guard lock(mu_);
     stop_ = true;
@@ -153,9 +154,10 @@ Result<std::string> MetadataClient::Call(const std::string& path, const std::str
   std::string where = "metadata store " + url_.host + ":" + std::to_string(url_.port) + path;
   if (!r) return Status::Unavailable(where + ": " + r.error().message());
   json j = json::parse(r->body, nullptr, false);
-  if (j.is_object() && j.contains("error")) {
+  // etcd 3.4's gateway: {"error","message","code"}; newer ones drop "error".
+  if (j.is_object() && (j.contains("error") || (j.contains("code") && j.contains("message")))) {
     int code = j.value("code", 2);
-    std::string msg = j.value("message", j["error"].is_string() ? j["error"].get<std::string>() : "error");
+    std::string msg = j.contains("message") && j["message"].is_string() ? j["message"].get<std::string>() : "error";
     return Status(code == 5 ? StatusCode::kNotFound : StatusCode::kUnavailable, where + ": " + msg);
   }
   if (r->status != 200 || !j.is_object()) {
@@ -229,7 +231,16 @@ bool MetadataClient::RegisterOnce() {
   }
   auto lease = GrantLease(ttl);
   Status s = lease ? Put(kInstancesPrefix + self.name, InstanceToJson(self), *lease) : lease.error();
+  bool stopping;
+  {
+    std::lock_guard lock(mu_);
+    stopping = stop_;
+  }
+  if (lease && (!s.ok() || stopping)) {
+    (void)RevokeLease(*lease);  // a put that failed, or Deregister came meanwhile: leave nothing behind
+  }
   std::lock_guard lock(mu_);
+  if (stopping) return false;
   if (!s.ok()) {
     status_.failures++;
     status_.registered = false;
@@ -245,8 +256,10 @@ bool MetadataClient::RegisterOnce() {
 Status MetadataClient::Register(const InstanceInfo& self, int lease_seconds) {
   if (self.name.empty()) return Status::InvalidArgument("an instance needs a name to register");
   if (lease_seconds < 2) return Status::InvalidArgument("--metadata-lease-seconds must be at least 2");
+  std::lock_guard life(lifecycle_mu_);
   {
     std::lock_guard lock(mu_);
+    if (stop_) return Status::InvalidArgument("this metadata client was deregistered; make a new one");
     if (self_) return Status::InvalidArgument("already registered");
     self_ = self;
     if (self_->registered_unix_ms == 0) self_->registered_unix_ms = NowUnixMs();
@@ -299,17 +312,20 @@ void MetadataClient::KeeperLoop() {
 }
 
 Status MetadataClient::Deregister() {
-  int64_t lease;
+  std::lock_guard life(lifecycle_mu_);
   {
     std::lock_guard lock(mu_);
     stop_ = true;
     cv_.notify_all();
-    lease = lease_;
   }
   if (keeper_.joinable()) keeper_.join();
+  int64_t lease;
   {
+    // Read after the keeper stopped: it may have re-registered meanwhile.
     std::lock_guard lock(mu_);
     status_.registered = false;
+    lease = lease_;
+    lease_ = 0;
   }
   return lease != 0 ? RevokeLease(lease) : Status::Ok();
 }

@@ -89,7 +89,8 @@ class MetadataClient {
   // alive from a background thread (every lease/3). Returns at once even
   // when the store is unreachable (the keeper retries; status() says).
   Status Register(const InstanceInfo& self, int lease_seconds);
-  // Revokes the lease (the entry goes at once) and stops the keeper.
+  // Stops the keeper and revokes the lease (the entry goes at once). The
+  // client cannot register again afterwards.
   Status Deregister();
   // Every registered instance (a fresh range read).
   Result<std::vector<InstanceInfo>> List();
@@ -111,6 +112,7 @@ class MetadataClient {
 
   MetadataUrl url_;
   double timeout_;
+  std::mutex lifecycle_mu_;  // Register / Deregister / destruction (the keeper thread's start and join)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

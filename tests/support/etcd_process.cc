@@ -32,6 +32,7 @@ int FreePort() {
 EtcdProcess::EtcdProcess(const std::string& data_dir, int client_port) {
   client_port_ = client_port > 0 ? client_port : FreePort();
   int peer_port = FreePort();
+  while (peer_port == client_port_) peer_port = FreePort();
   std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
   std::string peer = "http://127.0.0.1:" + std::to_string(peer_port);
   std::vector<std::string> args = {"etcd",

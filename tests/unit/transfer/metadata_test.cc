@@ -105,6 +105,9 @@ TEST(MetaStore, RevokeDeleteAndMinimumTtl) {
   g.Call("/v3/kv/put", {{"key", Base64Encode("b")}, {"value", Base64Encode("2")}}, &st);
   json del = g.Call("/v3/kv/deleterange", {{"key", Base64Encode("b")}, {"range_end", ""}});
   EXPECT_EQ(del["deleted"], "1");
+  g.Call("/v3/kv/put", {{"key", Base64Encode("c")}, {"value", Base64Encode("3")}}, &st);
+  json all = g.Call("/v3/kv/range", {{"key", Base64Encode("a")}, {"range_end", Base64Encode(std::string(1, '\0'))}});
+  EXPECT_EQ(all["count"], "1") << "range_end \"\\0\" means every key from `key` on";
   g.Call("/v3/nope", json::object(), &st);
   EXPECT_EQ(st, 404);
   EXPECT_EQ(g.store.Handle("/v3/kv/put", "garbage", g.now, &st).find("error") != std::string::npos, true);
