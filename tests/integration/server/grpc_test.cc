@@ -527,12 +527,18 @@ TEST_F(GrpcTest, HealthAndCacheStats) {
 // that what the gRPC layer does meanwhile cannot race with generation.
 class EngineFreeze {
  public:
+  // The closure owns what it touches: after `entered` is set the test may
+  // leave the scope (and destroy this object) before the engine thread
+  // reaches its wait, which used to read a destroyed promise.
   explicit EngineFreeze(scheduler::Engine& engine) {
-    engine.Post([this](kvcache::KvManager&) {
-      entered_.set_value();
-      release_.get_future().wait();
+    auto entered = std::make_shared<std::promise<void>>();
+    std::future<void> entered_future = entered->get_future();
+    std::shared_future<void> go = release_.get_future().share();
+    engine.Post([entered, go](kvcache::KvManager&) {
+      entered->set_value();
+      go.wait();
     });
-    entered_.get_future().wait();
+    entered_future.wait();
   }
   ~EngineFreeze() { Release(); }
   void Release() {
@@ -541,7 +547,7 @@ class EngineFreeze {
   }
 
  private:
-  std::promise<void> entered_, release_;
+  std::promise<void> release_;
   bool released_ = false;
 };
 
