@@ -39,6 +39,7 @@
 #include "server/service.h"
 #include "tools/commands.h"
 #include "tools/kv_stack.h"
+#include "tools/serve_cluster.h"
 #include "tools/transfer_flags.h"
 #include "kvcache/block_hash.h"
 #include "transfer/metadata.h"
@@ -327,84 +328,43 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   // The transfer engine over the KV manager's segments (device pool, host
   // tier arena, staging buffers): registered, none exported yet; grants and
   // exports come from the cluster roles (docs/status.md).
-  std::unique_ptr<transfer::TransferEngine> xfer;
-  if (f.transfer.port >= 0) {
-    TransferFlags tf = f.transfer;
-    if (tf.bind_address.empty()) tf.bind_address = tf.secret_file.empty() ? "127.0.0.1" : f.host;
-    std::string instance = f.instance_name;
-    if (instance.empty()) {
-      char hn[256] = {};
-      gethostname(hn, sizeof(hn) - 1);
-      instance = std::string(hn) + ":" + std::to_string((*http)->port());
-    }
-    auto to = ToOptions(tf, instance);
-    Result<std::unique_ptr<transfer::TransferEngine>> started =
-        to ? transfer::TransferEngine::Start(*to, &(*stack)->manager->segments()) : Result<std::unique_ptr<transfer::TransferEngine>>(to.error());
-    if (!started) {
-      grpc.reset();
-      (*engine)->Stop(0);
-      (*http)->Stop();
-      return Fail(started.error().WithContext("transfer engine"));
-    }
-    xfer = std::move(*started);
-  }
+  const std::string instance = InstanceName(f.instance_name, (*http)->port());
+  auto stop_early = [&](const Status& s) {
+    grpc.reset();
+    (*engine)->Stop(0);
+    (*http)->Stop();
+    return Fail(s);
+  };
+  auto started = StartServeTransfer(f.transfer, f.host, instance, &(*stack)->manager->segments());
+  if (!started) return stop_early(started.error());
+  std::unique_ptr<transfer::TransferEngine> xfer = std::move(*started);
   std::function<std::string()> extra_metrics;
   if (xfer) extra_metrics = [e = xfer.get()] { return transfer::RenderTransferMetrics(e->stats()); };
   service.SetBackend(&frontend, &openai, &admin, &metrics, std::move(extra_metrics));
   const int grpc_port = grpc ? grpc->port() : -1;
   const int transfer_port = xfer ? xfer->port() : -1;
-  if (xfer) STRATA_LOG_INFO("transfer engine '{}' listening on {}", xfer->instance_name(), xfer->address());
   // Cluster membership: register under the instance name with a lease.
   std::unique_ptr<transfer::MetadataClient> meta;
   if (!f.metadata.empty()) {
-    auto url = transfer::ParseMetadataUrl(f.metadata);
-    if (url) {
-      auto client = transfer::MetadataClient::Create(*url);
-      transfer::InstanceInfo self;
-      self.name = xfer ? xfer->instance_name() : f.instance_name;
-      if (self.name.empty()) {
-        char hn[256] = {};
-        gethostname(hn, sizeof(hn) - 1);
-        self.name = std::string(hn) + ":" + std::to_string((*http)->port());
-      }
-      self.incarnation = transfer::RandomHex(8);
-      // A wildcard bind is no address for peers: the transfer engine's
-      // advertised host, else this host's name.
-      std::string host = f.host;
-      if (host == "0.0.0.0" || host == "::" || host.empty()) {
-        if (!f.transfer.advertise_address.empty()) {
-          host = f.transfer.advertise_address;
-        } else {
-          char hn[256] = {};
-          gethostname(hn, sizeof(hn) - 1);
-          host = hn;
-        }
-      }
-      self.http_address = host + ":" + std::to_string((*http)->port());
-      if (xfer) {
-        self.transfer_address = xfer->address();
-        auto ts = transfer::ParseTransports(f.transfer.transports);
-        if (ts) {
-          for (auto t : *ts) self.transports.emplace_back(transfer::TransportName(t));
-        }
-      }
-      self.model_namespace = ToHex(kvcache::NamespaceDigest(m.weights.digest, c.arch, f.engine.kv.dtype, f.engine.kv.block_size));
-      Status s = client ? (*client)->Register(self, f.metadata_lease_seconds) : client.error();
-      if (s.ok()) {
-        meta = std::move(*client);
-        STRATA_LOG_INFO("cluster: instance '{}' (incarnation {}) registers at {} with a {} s lease", self.name,
-                        self.incarnation, f.metadata, f.metadata_lease_seconds);
-      } else {
-        url = s;
+    transfer::InstanceInfo self;
+    self.name = instance;
+    self.incarnation = transfer::RandomHex(8);
+    self.http_address = AdvertisedHost(f.host, f.transfer.advertise_address) + ":" + std::to_string((*http)->port());
+    if (xfer) {
+      self.transfer_address = xfer->address();
+      auto transports = transfer::ParseTransports(f.transfer.transports);  // valid: the engine started with it
+      if (transports) {
+        for (auto t : *transports) self.transports.emplace_back(transfer::TransportName(t));
       }
     }
-    if (!url) {
-      grpc.reset();
+    self.model_namespace =
+        ToHex(kvcache::NamespaceDigest(m.weights.digest, c.arch, f.engine.kv.dtype, f.engine.kv.block_size));
+    auto joined = JoinCluster(f.metadata, self, f.metadata_lease_seconds);
+    if (!joined) {
       xfer.reset();
-      (*engine)->Stop(0);
-      (*http)->Stop();
-      return Fail(url.error().WithContext("--metadata"));
+      return stop_early(joined.error());
     }
+    meta = std::move(*joined);
   }
   STRATA_LOG_INFO(
       "serving model {} as '{}' ({}; {} layers, dim {}, context {}): HTTP {}:{}, gRPC {}, {} KV blocks of {} "

@@ -250,13 +250,21 @@ void EngineImpl::HandleOpen(Served& sc, const FrameHeader& h, const std::string&
   (void)SendFrame(fd, r, j.dump());
 }
 
-Status EngineImpl::HandleRead(Served& sc, const FrameHeader& h) {
-  if (Status s = Discard(sc.fd, h.payload_bytes); !s.ok()) return s;
+namespace {
+// The reply header to request `h` (length 0: no payload yet).
+FrameHeader ReplyTo(const FrameHeader& h, FrameType type) {
   FrameHeader r;
-  r.type = FrameType::kReadReply;
+  r.type = type;
   r.request_id = h.request_id;
   r.handle = h.handle;
   r.offset = h.offset;
+  return r;
+}
+}  // namespace
+
+Status EngineImpl::HandleRead(Served& sc, const FrameHeader& h) {
+  if (Status s = Discard(sc.fd, h.payload_bytes); !s.ok()) return s;
+  FrameHeader r = ReplyTo(h, FrameType::kReadReply);
   auto mem = exports_.Begin(h.handle, sc.peer, h.offset, h.length, false, sc.id, Clock::now());
   if (!mem) {
     r.status = mem.error().code();
@@ -270,11 +278,7 @@ Status EngineImpl::HandleRead(Served& sc, const FrameHeader& h) {
 }
 
 Status EngineImpl::HandleWrite(Served& sc, const FrameHeader& h) {
-  FrameHeader r;
-  r.type = FrameType::kWriteReply;
-  r.request_id = h.request_id;
-  r.handle = h.handle;
-  r.offset = h.offset;
+  FrameHeader r = ReplyTo(h, FrameType::kWriteReply);
   auto mem = exports_.Begin(h.handle, sc.peer, h.offset, h.length, true, sc.id, Clock::now());
   if (!mem) {
     if (Status s = Discard(sc.fd, h.payload_bytes); !s.ok()) return s;

@@ -14,20 +14,9 @@
 #include <vector>
 
 #include "common/http_client.h"
+#include "tests/support/ports.h"
 
 namespace strata::testing {
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 EtcdProcess::EtcdProcess(const std::string& data_dir, int client_port) {
   client_port_ = client_port > 0 ? client_port : FreePort();

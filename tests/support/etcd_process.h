@@ -29,7 +29,4 @@ class EtcdProcess {
   bool started_ = false;
 };
 
-// A TCP port that was free a moment ago on 127.0.0.1.
-int FreePort();
-
 }  // namespace strata::testing

@@ -64,6 +64,10 @@ TEST(ServeTransfer, PortFileMetricsAndAuthentication) {
   auto r = PostJson(server->port("http"), "/v1/completions",
                     json{{"model", "tiny"}, {"prompt", "hello"}, {"max_tokens", 4}});
   EXPECT_EQ(r.status, 200) << r.raw;
+  std::string after = WaitForMetrics(server->port("http"), [](const std::string& text) {
+    return Gauge(text, "strata_kv_device_blocks_in_use") == 0;
+  });
+  EXPECT_EQ(Gauge(after, "strata_kv_device_blocks_in_use"), 0) << "the device pool is back to empty";
   StopCleanly(server.get());
 }
 

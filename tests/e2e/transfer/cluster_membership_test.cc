@@ -114,6 +114,11 @@ TEST_P(ClusterMembershipTest, InstancesRegisterLeaveAndRecover) {
   // Noticed at its next keepalive (every 10 s with a 30 s lease).
   EXPECT_EQ(store.WaitFor({"inst-a"}, 15s), std::vector<std::string>{"inst-a"});
 
+  std::string m = WaitForMetrics(a->port("http"), [](const std::string& text) {
+    return Gauge(text, "strata_kv_device_blocks_in_use") == 0;
+  });
+  EXPECT_EQ(Gauge(m, "strata_kv_device_blocks_in_use"), 0) << "the device pool is back to empty";
+
   // SIGTERM: it leaves at once, not when its 30 s lease runs out.
   ASSERT_TRUE(a->Signal(SIGTERM));
   EXPECT_EQ(store.WaitFor({}, 5s), std::vector<std::string>{});

@@ -3,6 +3,7 @@
 // trailers, body to EOF, split reads), against a scripted raw-socket server.
 
 #include "common/http_client.h"
+#include "tests/support/ports.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -170,14 +171,8 @@ TEST(HttpClientTest, BodyToEofAndContentLength) {
 }
 
 TEST(HttpClientTest, ConnectRefusedAndTimeout) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
+  int port = 0;
+  int fd = strata::testing::BoundSocket(&port);
   auto refused = HttpCall("127.0.0.1", port, "GET", "/", "", {}, 5);  // bound, not listening
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code(), StatusCode::kUnavailable);
