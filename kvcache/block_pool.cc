@@ -30,6 +30,7 @@ BlockPoolStats BlockPool::stats() const {
 
 void BlockPool::DropHash(int32_t i) {
   const size_t u = static_cast<size_t>(i);
+  if (change_hook_) change_hook_(hash_[u], false);
   index_.erase(hash_[u]);
   hashed_[u] = false;
   hash_[u] = BlockHash{};
@@ -88,7 +89,15 @@ bool BlockPool::Register(BlockId id, const BlockHash& h) {
   if (!inserted) return false;
   hashed_[id.value()] = true;
   hash_[id.value()] = h;
+  if (change_hook_) change_hook_(h, true);
   return true;
+}
+
+std::vector<BlockHash> BlockPool::Hashes() const {
+  std::vector<BlockHash> out;
+  out.reserve(index_.size());
+  for (const auto& [h, i] : index_) out.push_back(h);
+  return out;
 }
 
 int32_t BlockPool::EvictAllCached() {

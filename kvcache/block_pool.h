@@ -49,6 +49,14 @@ class BlockPool {
 
   // See the top of this file; an empty function removes the hook.
   void set_evict_hook(EvictHook hook) { evict_hook_ = std::move(hook); }
+  // Called with (hash, true) when a block enters the prefix index
+  // (Register) and (hash, false) when it leaves it (eviction, flush): what
+  // the cluster index is told (kvcache/kv_event_log.h). Must not call back
+  // into the pool. An empty function removes it.
+  using ChangeHook = std::function<void(const BlockHash&, bool named)>;
+  void set_change_hook(ChangeHook hook) { change_hook_ = std::move(hook); }
+  // Every hash in the prefix index now (unordered).
+  std::vector<BlockHash> Hashes() const;
 
   int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
   // Blocks Allocate() can hand out now (free + cached).
@@ -103,6 +111,7 @@ class BlockPool {
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
   uint64_t evictions_ = 0;
   EvictHook evict_hook_;
+  ChangeHook change_hook_;
 };
 
 }  // namespace strata::kvcache

@@ -29,6 +29,12 @@ void BlockStore::Detach() {
   segments_ = nullptr;
 }
 
+void BlockStore::SetChangeListener(ChangeListener listener) {
+  change_listener_ = std::move(listener);
+  if (!change_listener_) return;
+  for (const BlockHash& h : HeldBlocks()) change_listener_(h, true);
+}
+
 Result<SegmentId> BlockStore::Own(SegmentKind kind, uint8_t* base, uint64_t size, std::string seg_name) {
   if (segments_ == nullptr) return Status::Internal(std::string(name()) + " store: not attached");
   STRATA_ASSIGN_OR_RETURN(SegmentId id, segments_->Register(kind, base, size, std::move(seg_name)));

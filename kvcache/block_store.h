@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -127,6 +128,43 @@ class BlockStore {
   // Removes every block of namespace `ns` (all when ns is null).
   virtual Status Flush(const Sha256Digest* ns) = 0;
 
+  // Change listener (the cluster index's publisher, kvcache/kv_event_log.h):
+  // called on the driving thread with (hash, true) when a block becomes
+  // readable in the store and (hash, false) when it stops being (evicted,
+  // removed, flushed, found corrupt). Installing it first reports every
+  // block held now as stored. Must not call back into the store. Stores
+  // that cannot report changes (a remote tier) never call it.
+  using ChangeListener = std::function<void(const BlockHash& h, bool stored)>;
+  void SetChangeListener(ChangeListener listener);
+
+  // Serving blocks to peers (the cluster pool's holder side). Where a held
+  // block's bytes are: a region of the store's own registered memory and the
+  // XXH3-64 checksum of those bytes taken when the block was stored.
+  // Stores whose bytes are not in addressable memory (disk, remote) answer
+  // nullopt.
+  struct BlockLocation {
+    Region region;
+    uint64_t checksum = 0;
+  };
+  virtual std::optional<BlockLocation> Locate(const BlockHash& h) const {
+    (void)h;
+    return std::nullopt;
+  }
+  // Pins a held block: until the matching Unpin it is neither evicted nor
+  // moved (a Remove or Flush meanwhile drops it from the index, but its
+  // bytes stay untouched until the last Unpin). False when not held or the
+  // store cannot pin. Pins nest.
+  virtual bool Pin(const BlockHash& h) {
+    (void)h;
+    return false;
+  }
+  virtual void Unpin(const BlockHash& h) { (void)h; }
+
+  // A read rate measured from this store's own recent reads (bytes/s), for
+  // the `auto` load policy; 0 = none measured (the configured estimate
+  // stands).
+  virtual double measured_read_bytes_per_s() const { return 0; }
+
  protected:
   BlockStore() = default;
   BlockStore(const BlockStore&) = delete;
@@ -138,6 +176,13 @@ class BlockStore {
   // store wrapping another detaches the inner one here). Not called by the
   // base destructor's Detach, when the derived part is gone.
   virtual void UnregisterMemory() {}
+  // For stores that report changes (see SetChangeListener).
+  void NotifyChanged(const BlockHash& h, bool stored) const {
+    if (change_listener_) change_listener_(h, stored);
+  }
+  // Every block held now, for SetChangeListener's first report (default:
+  // none).
+  virtual std::vector<BlockHash> HeldBlocks() const { return {}; }
   // Registers [base, base + size) of `kind` in the attached table as the
   // store's; returns its id.
   Result<SegmentId> Own(SegmentKind kind, uint8_t* base, uint64_t size, std::string name);
@@ -149,6 +194,7 @@ class BlockStore {
 
  private:
   std::vector<PrefixAnswer> answers_;  // the default SubmitCountPrefix's
+  ChangeListener change_listener_;
   SegmentTable* segments_ = nullptr;
   std::vector<SegmentId> own_segments_;
 };

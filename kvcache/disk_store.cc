@@ -85,6 +85,12 @@ class DiskStoreImpl final : public DiskStore {
   size_t Poll(std::vector<StoreCompletion>* out) override;
   void Drain(std::vector<StoreCompletion>* out) override;
   Status Remove(const BlockHash& h) override;
+  std::vector<BlockHash> HeldBlocks() const override {
+    std::vector<BlockHash> out;
+    out.reserve(entries_.size());
+    for (const auto& [h, e] : entries_) out.push_back(h);
+    return out;
+  }
   Status Flush(const Sha256Digest* ns) override;
   uint64_t slot_bytes() const override { return slot_bytes_; }
   const DiskStoreOptions& options() const override { return options_; }
@@ -482,6 +488,7 @@ Status DiskStoreImpl::DropEntry(const BlockHash& h, bool corrupt, std::string_vi
   lru_.erase(it->second.lru);
   entries_.erase(it);
   dirty_.erase(h);
+  NotifyChanged(h, false);
   stats_.blocks = entries_.size();
   stats_.used_bytes = entries_.size() * slot_bytes_;
   if (corrupt) {
@@ -685,6 +692,7 @@ void DiskStoreImpl::CompleteWrite(Op& op, int32_t res) {
   }
   lru_.push_front(op.hash);
   entries_[op.hash] = Entry{op.rec, lru_.begin()};
+  NotifyChanged(op.hash, true);
   stats_.blocks = entries_.size();
   stats_.used_bytes = entries_.size() * slot_bytes_;
   Finish(op.tag, Status::Ok());
@@ -803,6 +811,7 @@ Status DiskStoreImpl::Flush(const Sha256Digest* ns) {
     lru_.erase(it->second.lru);
     entries_.erase(it);
     dirty_.erase(h);
+    NotifyChanged(h, false);
     FreeSlot(slot);
   }
   stats_.blocks = entries_.size();

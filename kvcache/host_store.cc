@@ -9,6 +9,8 @@
 
 #include "common/logging.h"
 
+#include <xxhash.h>
+
 namespace strata::kvcache {
 
 namespace {
@@ -133,6 +135,9 @@ HostStore::HostStore(const HostStoreOptions& options, int32_t slots)
       slot_hash_(static_cast<size_t>(slots)),
       slot_ns_(static_cast<size_t>(slots)),
       slot_used_(static_cast<size_t>(slots), false),
+      slot_sum_(static_cast<size_t>(slots), 0),
+      slot_pins_(static_cast<size_t>(slots), 0),
+      slot_dropped_(static_cast<size_t>(slots), false),
       lru_(slots) {
   free_slots_.reserve(static_cast<size_t>(slots));
   for (int32_t i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
@@ -166,16 +171,63 @@ size_t HostStore::CountPrefix(std::span<const BlockHash> chain) const {
 
 void HostStore::FreeSlot(int32_t slot) {
   const size_t u = static_cast<size_t>(slot);
+  NotifyChanged(slot_hash_[u], false);
   index_.erase(slot_hash_[u]);
   if (lru_.Contains(slot)) lru_.Remove(slot);
+  if (slot_pins_[u] > 0) {
+    slot_dropped_[u] = true;  // a peer may be reading it: freed at the last Unpin
+    return;
+  }
   slot_used_[u] = false;
   free_slots_.push_back(slot);
+}
+
+std::vector<BlockHash> HostStore::HeldBlocks() const {
+  std::vector<BlockHash> out;
+  out.reserve(index_.size());
+  for (const auto& [h, slot] : index_) out.push_back(h);
+  return out;
+}
+
+std::optional<BlockStore::BlockLocation> HostStore::Locate(const BlockHash& h) const {
+  if (metadata_only_ || !IsValid(segment_)) return std::nullopt;
+  auto it = index_.find(h);
+  if (it == index_.end()) return std::nullopt;
+  const size_t u = static_cast<size_t>(it->second);
+  return BlockLocation{Region{segment_, u * block_bytes_, block_bytes_}, slot_sum_[u]};
+}
+
+bool HostStore::Pin(const BlockHash& h) {
+  auto it = index_.find(h);
+  if (it == index_.end()) return false;
+  const int32_t slot = it->second;
+  auto [p, inserted] = pinned_hashes_.emplace(h, slot);
+  if (!inserted && p->second != slot) return false;  // an older copy of h, dropped while pinned, is still read
+  const size_t u = static_cast<size_t>(slot);
+  if (slot_pins_[u]++ == 0 && lru_.Contains(slot)) lru_.Remove(slot);
+  return true;
+}
+
+void HostStore::Unpin(const BlockHash& h) {
+  auto it = pinned_hashes_.find(h);
+  if (it == pinned_hashes_.end()) return;
+  const int32_t slot = it->second;
+  const size_t u = static_cast<size_t>(slot);
+  if (--slot_pins_[u] > 0) return;
+  pinned_hashes_.erase(it);
+  if (slot_dropped_[u]) {
+    slot_dropped_[u] = false;
+    slot_used_[u] = false;
+    free_slots_.push_back(slot);
+  } else {
+    lru_.PushBack(slot);
+  }
 }
 
 Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) {
   STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> data, HostBytes(src, block_bytes_, metadata_only_));
   if (auto it = index_.find(h); it != index_.end()) {
-    lru_.Touch(it->second);
+    if (lru_.Contains(it->second)) lru_.Touch(it->second);
     done_.push_back({tag, Status::Ok()});
     return Status::Ok();
   }
@@ -197,12 +249,16 @@ Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const 
   const int32_t slot = free_slots_.back();
   free_slots_.pop_back();
   const size_t u = static_cast<size_t>(slot);
-  if (!metadata_only_) std::memcpy(slot_data(slot), data.data(), block_bytes_);
+  if (!metadata_only_) {
+    std::memcpy(slot_data(slot), data.data(), block_bytes_);
+    slot_sum_[u] = XXH3_64bits(slot_data(slot), block_bytes_);
+  }
   slot_hash_[u] = h;
   slot_ns_[u] = ns;
   slot_used_[u] = true;
   lru_.PushBack(slot);
   index_.emplace(h, slot);
+  NotifyChanged(h, true);
   done_.push_back({tag, Status::Ok()});
   return Status::Ok();
 }
@@ -214,7 +270,7 @@ Status HostStore::SubmitRead(const BlockHash& h, const Region& dst_region, uint6
     done_.push_back({tag, Status::NotFound("block not in host store")});
     return Status::Ok();
   }
-  lru_.Touch(it->second);
+  if (lru_.Contains(it->second)) lru_.Touch(it->second);
   if (!metadata_only_) std::memcpy(dst.data(), slot_data(it->second), block_bytes_);
   done_.push_back({tag, Status::Ok()});
   return Status::Ok();
@@ -239,7 +295,7 @@ Status HostStore::Remove(const BlockHash& h) {
 Status HostStore::Flush(const Sha256Digest* ns) {
   for (int32_t i = 0; i < num_slots(); ++i) {
     const size_t u = static_cast<size_t>(i);
-    if (slot_used_[u] && (ns == nullptr || slot_ns_[u] == *ns)) FreeSlot(i);
+    if (slot_used_[u] && !slot_dropped_[u] && (ns == nullptr || slot_ns_[u] == *ns)) FreeSlot(i);
   }
   return Status::Ok();
 }

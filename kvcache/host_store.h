@@ -16,7 +16,9 @@
 // (stronger than BlockStore's contract). Attach registers the slot buffer
 // as one segment ("host tier", kPinnedHost when pinned); evicted blocks are
 // reported as regions of it. A full store evicts its least recently used block
-// (written or read) to make room.
+// (written or read) to make room; pinned blocks (Pin, for peers reading
+// them through the cluster pool) are never evicted. Every stored block
+// carries the XXH3-64 of its bytes (Locate), which a reader checks.
 //
 // Metadata-only mode (`metadata_only`): no buffer; writes record the hash,
 // reads complete OK without touching `dst` (which may be Region{}). Lets the
@@ -80,7 +82,16 @@ class HostStore final : public BlockStore {
   Status Remove(const BlockHash& h) override;
   Status Flush(const Sha256Digest* ns) override;
 
+  // The slot's region and the XXH3-64 of its bytes taken when stored
+  // (metadata-only stores: nullopt).
+  std::optional<BlockLocation> Locate(const BlockHash& h) const override;
+  bool Pin(const BlockHash& h) override;
+  void Unpin(const BlockHash& h) override;
+  // Slots pinned now (including ones dropped while pinned).
+  size_t pinned_slots() const { return pinned_hashes_.size(); }
+
  private:
+  std::vector<BlockHash> HeldBlocks() const override;
   explicit HostStore(const HostStoreOptions& options, int32_t slots);
   Status RegisterMemory() override;
   uint8_t* slot_data(int32_t slot) { return buffer_.get() + static_cast<size_t>(slot) * block_bytes_; }
@@ -102,6 +113,10 @@ class HostStore final : public BlockStore {
   std::vector<BlockHash> slot_hash_;
   std::vector<Sha256Digest> slot_ns_;
   std::vector<bool> slot_used_;
+  std::vector<uint64_t> slot_sum_;     // XXH3-64 of the slot's bytes
+  std::vector<int32_t> slot_pins_;     // Pin count; a pinned slot is out of the LRU
+  std::vector<bool> slot_dropped_;     // left the index while pinned: freed at the last Unpin
+  std::unordered_map<BlockHash, int32_t, BlockHashHasher> pinned_hashes_;  // hash → its pinned slot
   std::vector<int32_t> free_slots_;
   LruList lru_;  // used slots, least recently used first
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;

@@ -51,7 +51,7 @@ const std::vector<std::string>& KvConfigKeys() {
   static const std::vector<std::string> keys = {
       "kv.block_size", "kv.dtype",      "kv.device_bytes",     "kv.host_bytes",
       "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy",
-      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin", "kv.tiers",
+      "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin", "kv.remote", "kv.tiers",
       "kv.lookup_timeout_ms"};
   return keys;
 }
@@ -175,6 +175,12 @@ Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConf
     if (!v) return named(v.error(), "kv.host_pin");
     c.host_pin = *v;
   }
+  if (cfg.Has("kv.remote")) {
+    auto v = cfg.GetBool("kv.remote", c.remote);
+    if (!v) return named(v.error(), "kv.remote");
+    c.remote = *v;
+    if (c.remote) c.tiers_configured = true;
+  }
   if (cfg.Has("kv.tiers")) {
     STRATA_ASSIGN_OR_RETURN(c.tiers, TierSpecsFromYaml(cfg));
     if (!c.tiers.empty()) c.tiers_configured = true;
@@ -243,6 +249,17 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
     c->lookup_timeout_ms = static_cast<int>(v);
     return Status::Ok();
   }
+  if (flag == "--kv-remote") {
+    if (text == "true") {
+      c->remote = true;
+      c->tiers_configured = true;
+    } else if (text == "false") {
+      c->remote = false;
+    } else {
+      return Bad(flag, "must be true or false, not '" + text + "'");
+    }
+    return Status::Ok();
+  }
   if (flag == "--kv-host-pin") {
     if (text == "true") {
       c->host_pin = true;
@@ -278,6 +295,7 @@ Status ValidateKvCacheConfig(const KvCacheConfig& c, uint64_t effective_device_b
   std::string above_name = "device";
   for (size_t i = 0; i < tiers.size(); ++i) {
     const TierSpec& t = tiers[i];
+    if (t.kind == TierKind::kRemote) continue;  // other instances' memory: no size of its own
     if (above > 0 && t.bytes <= above) {
       // The shorthands name their size key; list entries their index.
       const std::string where = !c.tiers.empty() ? "kv.tiers[" + std::to_string(i) + "].bytes"
@@ -338,6 +356,16 @@ Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& c) {
       d.source = "kv.disk_path (--kv-disk-path)";
       out.push_back(std::move(d));
     }
+  }
+  bool listed_remote = false;
+  for (const auto& t : out) listed_remote = listed_remote || t.kind == TierKind::kRemote;
+  if (c.remote && !listed_remote) {
+    TierSpec r;
+    r.kind = TierKind::kRemote;
+    r.name = "remote";
+    r.write_policy = WritePolicy::kNone;
+    r.source = "kv.remote (--kv-remote)";
+    out.push_back(std::move(r));
   }
   STRATA_RETURN_IF_ERROR(ValidateTierSpecs(out));
   return out;

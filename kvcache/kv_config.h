@@ -45,6 +45,10 @@ struct KvCacheConfig {
   // at full speed; false leaves it pageable (operators who cannot spare
   // locked memory). No effect without a device.
   bool host_pin = true;
+  // kv.remote --kv-remote: a remote tier last in the chain (the cluster
+  // pool: blocks other instances hold, cluster/remote_store.h); the same as
+  // listing {kind: remote} last in kv.tiers. Needs --metadata.
+  bool remote = false;
   // kv.tiers: the lower tiers as a list (kvcache/tier_registry.h). The host_*
   // and disk_* fields above are shorthands for a list of one host and one
   // disk tier; LowerTierSpecs resolves which applies.

@@ -40,6 +40,9 @@ class KvEventLog {
   // The state as of the last flushed batch.
   KvSnapshot Snapshot() const;
   uint64_t last_seq() const;
+  const std::string& instance() const { return instance_; }
+  const std::string& incarnation() const { return incarnation_; }
+  uint64_t epoch() const { return epoch_; }
 
  private:
   void Record(const BlockHash& hash, TierKind tier, bool stored);

@@ -55,6 +55,7 @@ KvManager::KvManager(const KvManagerOptions& options, Clock* clock)
     : options_(options), clock_(clock), pool_(options.num_device_blocks) {}
 
 KvManager::~KvManager() {
+  if (events_ != nullptr) SetEventLog(nullptr);  // the stores outlive the manager; the log may not
   mover_.reset();  // drains the stores while the requests its loads report to still exist
 }
 
@@ -301,7 +302,41 @@ void KvManager::OnLoadDone(const LoadDone& d) {
   }
 }
 
-size_t KvManager::Poll() { return mover_->Poll(); }
+size_t KvManager::Poll() {
+  const size_t n = mover_->Poll();
+  if (events_ != nullptr) (void)events_->Flush();
+  return n;
+}
+
+void KvManager::SetEventLog(KvEventLog* log) {
+  events_ = log;
+  if (log == nullptr) {
+    pool_.set_change_hook(nullptr);
+    for (size_t i = 0; i < mover_->num_tiers(); ++i) mover_->tier(i).store->SetChangeListener(nullptr);
+    return;
+  }
+  for (const BlockHash& h : pool_.Hashes()) log->Stored(h, TierKind::kDevice);
+  pool_.set_change_hook([log](const BlockHash& h, bool named) {
+    if (named) {
+      log->Stored(h, TierKind::kDevice);
+    } else {
+      log->Removed(h, TierKind::kDevice);
+    }
+  });
+  for (size_t i = 0; i < mover_->num_tiers(); ++i) {
+    BlockStore* store = mover_->tier(i).store;
+    const TierKind kind = store->kind();
+    if (kind == TierKind::kRemote) continue;  // other instances' blocks: they publish them
+    store->SetChangeListener([log, kind](const BlockHash& h, bool stored) {
+      if (stored) {
+        log->Stored(h, kind);
+      } else {
+        log->Removed(h, kind);
+      }
+    });
+  }
+  (void)log->Flush();
+}
 
 std::span<const int32_t> KvManager::BlockTable(RequestId id) const {
   auto it = requests_.find(id);

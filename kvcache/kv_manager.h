@@ -61,6 +61,7 @@
 #include "kvcache/block_pool.h"
 #include "kvcache/block_store.h"
 #include "kvcache/clock.h"
+#include "kvcache/kv_event_log.h"
 #include "kvcache/kv_types.h"
 #include "kvcache/tier_mover.h"
 
@@ -173,7 +174,20 @@ class KvManager {
   void Free(RequestId id);
 
   // Handles finished lower-tier operations. Never blocks. Returns how many.
+  // With an event log, also closes the step's events into one batch.
   size_t Poll();
+
+  // Publishes this manager's blocks to the cluster index (issue 18;
+  // kvcache/kv_event_log.h): every block named in the device pool or
+  // stored in a lower tier that reports changes (host, disk) is recorded as
+  // `stored` in that tier's kind, and as `removed` when it leaves; blocks
+  // held now are recorded at once. Poll() flushes the events of the step
+  // as one batch. Null detaches. `log` outlives the manager or is detached
+  // first.
+  void SetEventLog(KvEventLog* log);
+  // Lower tier i's store, for the cluster pool's holder side (Locate, Pin:
+  // engine thread only).
+  BlockStore* mutable_lower_store(size_t i) { return mover_->tier(i).store; }
 
   // Operator flush (`strata cache flush`). `device`: every cached device
   // block (unreferenced, hashed) leaves the prefix index and becomes free;
@@ -243,6 +257,7 @@ class KvManager {
   std::unordered_map<uint64_t, PendingLookup> lookups_;
   uint64_t next_lookup_ = 1;
   KvManagerStats stats_;  // queries, device and lower hits (the mover keeps the rest)
+  KvEventLog* events_ = nullptr;
   // Destroyed first (see ~KvManager): its drain reports loads into requests_.
   std::unique_ptr<TierMover> mover_;
 };

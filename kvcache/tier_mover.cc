@@ -148,8 +148,12 @@ Region TierMover::BlockRegion(BlockId id) const {
 bool TierMover::WorthLoading(const LowerTier& t, size_t blocks) const {
   if (options_.load_policy == LoadPolicy::kAlways) return true;
   // kAuto: load only when moving the bytes beats recomputing the tokens.
-  if (t.read_bytes_per_s <= 0 || options_.recompute_tokens_per_s <= 0) return true;
-  const double load_s = static_cast<double>(blocks * options_.block_bytes) / t.read_bytes_per_s;
+  // A store's own measured rate (the remote tier's, from its transfers)
+  // replaces the configured estimate.
+  const double measured = t.store->measured_read_bytes_per_s();
+  const double rate = measured > 0 ? measured : t.read_bytes_per_s;
+  if (rate <= 0 || options_.recompute_tokens_per_s <= 0) return true;
+  const double load_s = static_cast<double>(blocks * options_.block_bytes) / rate;
   const double compute_s =
       static_cast<double>(blocks * static_cast<size_t>(options_.block_size)) / options_.recompute_tokens_per_s;
   return load_s < compute_s;

@@ -35,6 +35,15 @@ Result<TierSpec> ParseEntry(const Config& c, size_t index) {
   s.kind = *k;
   STRATA_ASSIGN_OR_RETURN(s.name, c.GetString("name", std::string(TierKindName(s.kind))));
   if (s.name.empty()) return Status::InvalidArgument(c.origin() + ": 'name' is empty");
+  if (s.kind == TierKind::kRemote) {
+    // The cluster pool: other instances' tiers, read-only here.
+    for (const char* key : {"bytes", "path", "write_policy", "admit_after", "pin"})
+      if (c.Has(key))
+        return Status::InvalidArgument(c.origin() + ": '" + key +
+                                       "' does not apply to a remote tier (its blocks are other instances')");
+    s.write_policy = WritePolicy::kNone;
+    return s;
+  }
   if (!c.Has("bytes")) return Status::InvalidArgument(c.origin() + ": 'bytes' is required");
   STRATA_ASSIGN_OR_RETURN(s.bytes, c.GetBytes("bytes", 0));
   STRATA_ASSIGN_OR_RETURN(s.path, c.GetString("path", ""));
@@ -77,8 +86,11 @@ Status ValidateTierSpecs(std::span<const TierSpec> specs) {
     const TierSpec& s = specs[i];
     if (s.kind == TierKind::kDevice)
       return Bad(s, "the device tier is the backend's pool, sized by kv.device_bytes (--kv-device-bytes), not listed");
-    if (s.kind == TierKind::kRemote)
-      return Bad(s, "remote tiers cannot be listed: they are other instances' tiers, found through the cluster pool");
+    if (s.kind == TierKind::kRemote) {
+      if (i + 1 != specs.size()) return Bad(s, "the remote tier must be the last in the list");
+      if (s.write_policy != WritePolicy::kNone) return Bad(s, "the remote tier is read-only (write_policy none)");
+      continue;
+    }
     if (s.name == TierKindName(TierKind::kDevice))
       return Bad(s, "the name 'device' is the device pool's; give this tier another");
     if (s.bytes == 0) return Bad(s, "bytes is 0: give the tier a size, or leave it out");
@@ -126,8 +138,9 @@ Result<std::unique_ptr<BlockStore>> OpenStore(const TierSpec& spec, uint64_t blo
       if (!disk) return disk.error().WithContext(spec.source + " (tier '" + spec.name + "', " + spec.path + ")");
       return std::unique_ptr<BlockStore>(std::move(*disk));
     }
-    case TierKind::kDevice:
     case TierKind::kRemote:
+      return Bad(spec, "a remote tier reads other instances' blocks: it needs the cluster (strata serve --metadata)");
+    case TierKind::kDevice:
       break;
   }
   return Bad(spec, "no store of kind " + std::string(TierKindName(spec.kind)) + " can be opened here");

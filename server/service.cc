@@ -60,6 +60,14 @@ bool Service::Authorized(const HttpRequest& req) const {
   return SecretEquals(auth.substr(prefix.size()), options_.api_key);
 }
 
+bool Service::AdminAuthorized(const HttpRequest& req) const {
+  if (options_.admin_token.empty()) return true;
+  const std::string auth = req.header("authorization");
+  const std::string prefix = "Bearer ";
+  if (auth.size() <= prefix.size() || auth.compare(0, prefix.size(), prefix) != 0) return false;
+  return SecretEquals(auth.substr(prefix.size()), options_.admin_token);
+}
+
 void Service::Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w) {
   const std::string retry = std::to_string(options_.retry_after_seconds);
   Backend* b = backend_.load(std::memory_order_acquire);
@@ -104,6 +112,13 @@ void Service::Route(HttpRequest&& req, const std::shared_ptr<ResponseWriter>& w)
     if (b == nullptr) return SendError(ApiError::Unavailable("the model is still loading"), w);
     if (b->admin != nullptr && b->admin->Handle(req, w)) return;
     return SendError(ApiError::NotFound("no admin endpoint " + req.method + " " + req.path), w);
+  }
+  if (req.path.rfind("/internal/", 0) == 0) {
+    if (!AdminAuthorized(req))
+      return SendError(ApiError::Unauthorized("the cluster routes need 'Authorization: Bearer ADMIN_TOKEN'"), w);
+    if (b == nullptr) return SendError(ApiError::Unavailable("the model is still loading"), w);
+    if (internal_ && internal_(req, w)) return;
+    return SendError(ApiError::NotFound("no cluster endpoint " + req.method + " " + req.path), w);
   }
   if (IsApiPath(req.path)) {
     if (!Authorized(req))

@@ -52,6 +52,13 @@ class Service {
   void SetBackend(Frontend* frontend, OpenAiRoutes* openai, AdminRoutes* admin, ServerMetrics* metrics,
                   std::function<std::string()> extra_metrics = {});
   void SetDraining();
+  // Routes under /internal/ (the cluster pool's peer routes,
+  // cluster/kv_wire.h), run on a lane worker after the admin token check
+  // (peers send the cluster's admin token). The handler returns false for a
+  // path it does not serve (404). Set before the server takes traffic, or
+  // never.
+  using InternalHandler = std::function<bool(const HttpRequest&, const std::shared_ptr<ResponseWriter>&)>;
+  void SetInternalRoutes(InternalHandler handler) { internal_ = std::move(handler); }
 
   void Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w);
   void OnAccess(const AccessRecord& record);
@@ -74,6 +81,8 @@ class Service {
     std::function<std::string()> extra_metrics;
   };
   bool Authorized(const HttpRequest& req) const;
+  bool AdminAuthorized(const HttpRequest& req) const;
+  InternalHandler internal_;
   // On a lane worker: admin and API routes.
   void Route(HttpRequest&& req, const std::shared_ptr<ResponseWriter>& w);
   void SendError(const ApiError& e, const std::shared_ptr<ResponseWriter>& w) const;

@@ -40,6 +40,7 @@
 #include "tools/commands.h"
 #include "tools/kv_stack.h"
 #include "tools/serve_cluster.h"
+#include "kvcache/block_hash.h"
 #include "tools/transfer_flags.h"
 #include "kvcache/block_hash.h"
 #include "transfer/metadata.h"
@@ -284,7 +285,9 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   auto cpu = OpenCpuModel(m, kv, &pool);
   if (!cpu) return Fail(cpu.error());
   CpuModel& model = **cpu;
-  auto stack = OpenKvStack(f.engine.kv, m, *model.backend, model.pool, *model.forward, kvcache::RealClock());
+  cluster::RemoteStore* remote = nullptr;  // the remote tier's store, when configured (owned by the stack)
+  auto stack = OpenKvStack(f.engine.kv, m, *model.backend, model.pool, *model.forward, kvcache::RealClock(),
+                           ServeStoreMaker(!f.metadata.empty(), f.admin_token, &remote));
   if (!stack) return Fail(stack.error());
   scheduler::ForwardEngineRunner runner(model.forward.get());
   scheduler::EngineOptions eo;
@@ -338,17 +341,15 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   auto started = StartServeTransfer(f.transfer, f.host, instance, &(*stack)->manager->segments());
   if (!started) return stop_early(started.error());
   std::unique_ptr<transfer::TransferEngine> xfer = std::move(*started);
-  std::function<std::string()> extra_metrics;
-  if (xfer) extra_metrics = [e = xfer.get()] { return transfer::RenderTransferMetrics(e->stats()); };
-  service.SetBackend(&frontend, &openai, &admin, &metrics, std::move(extra_metrics));
   const int grpc_port = grpc ? grpc->port() : -1;
   const int transfer_port = xfer ? xfer->port() : -1;
   // Cluster membership: register under the instance name with a lease.
   std::unique_ptr<transfer::MetadataClient> meta;
+  const std::string meta_incarnation = transfer::RandomHex(8);
   if (!f.metadata.empty()) {
     transfer::InstanceInfo self;
     self.name = instance;
-    self.incarnation = transfer::RandomHex(8);
+    self.incarnation = meta_incarnation;
     self.http_address = AdvertisedHost(f.host, f.transfer.advertise_address) + ":" + std::to_string((*http)->port());
     if (xfer) {
       self.transfer_address = xfer->address();
@@ -366,6 +367,34 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     }
     meta = std::move(*joined);
   }
+  // The cluster KV pool: publish this instance's blocks, serve peers, read theirs.
+  std::unique_ptr<ServePool> kv_pool;
+  if (meta) {
+    transfer::InstanceInfo self;
+    self.name = instance;
+    self.incarnation = meta_incarnation;
+    self.model_namespace = ToHex(kvcache::NamespaceDigest(m.weights.digest, c.arch, f.engine.kv.dtype,
+                                                          f.engine.kv.block_size));
+    auto started_pool = StartServePool(self, **engine, xfer.get(), meta.get(), remote, f.admin_token);
+    if (!started_pool) {
+      meta.reset();
+      xfer.reset();
+      return stop_early(started_pool.error());
+    }
+    kv_pool = std::move(*started_pool);
+    service.SetInternalRoutes([p = kv_pool.get()](const server::HttpRequest& r,
+                                                   const std::shared_ptr<server::ResponseWriter>& w) {
+      return p->holder->Handle(r.method, r.path, r.query, r.body, [w](int status, std::string body) {
+        w->Send(status, "application/json", std::move(body));
+      });
+    });
+  }
+  std::function<std::string()> extra_metrics = [e = xfer.get(), p = kv_pool.get()] {
+    std::string text = e != nullptr ? transfer::RenderTransferMetrics(e->stats()) : std::string();
+    if (p != nullptr) text += RenderPoolMetrics(*p);
+    return text;
+  };
+  service.SetBackend(&frontend, &openai, &admin, &metrics, std::move(extra_metrics));
   STRATA_LOG_INFO(
       "serving model {} as '{}' ({}; {} layers, dim {}, context {}): HTTP {}:{}, gRPC {}, {} KV blocks of {} "
       "tokens ({} MiB), {} threads, max {} running / {} waiting / {} tokens per step",
@@ -397,10 +426,13 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   (*http)->Stop();
   service.Stop();  // what the request lanes still hold runs (503: draining) before the routes go away
   const kvcache::KvManagerStats ks = (*stack)->manager->stats();
+  if (kv_pool) StopServing(*kv_pool);  // no more resolves; host tiers no longer exported
   grpc.reset();
-  xfer.reset();  // before the segments it serves go away
   engine->reset();  // before the KV stack it points into
-  stack->reset();   // drains the lower tiers' outstanding writes
+  stack->reset();   // drains the lower tiers (the remote tier's reads use the directory and transfer engine)
+  kv_pool.reset();
+  xfer.reset();
+  meta.reset();
   STRATA_LOG_INFO("stopped: {} prefix-cache queries, {} device-hit tokens, {} lower-tier-hit tokens", ks.queries,
                   ks.device.tokens, ks.lower.tokens);
   return 0;

@@ -36,6 +36,11 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-lookup-timeout-ms", CLI::callback_t{},
                   "how long a waiting request waits for the KV tiers' answer on its cached prefix before counting it a "
                   "miss (default 50)");
+  cmd->add_option("--kv-remote", CLI::callback_t{},
+                  "true: a remote tier last in the chain, reading blocks other instances of the cluster hold "
+                  "(needs --metadata; same as {kind: remote} in kv.tiers)")
+      ->expected(0, 1)
+      ->default_str("true");
   cmd->add_option("--kv-host-pin", CLI::callback_t{},
                   "true: page-lock the host tier for device copies when a CUDA device is present (default); false: "
                   "leave it pageable");
@@ -98,9 +103,10 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
   }
   for (const char* flag :
        {"--kv-host-write-policy", "--kv-disk-write-policy", "--kv-prefetch-max-requests", "--kv-lookup-timeout-ms",
-        "--kv-host-pin"}) {
+        "--kv-host-pin", "--kv-remote"}) {
     if (unset(flag)) continue;
-    const std::string text = cmd->get_option(flag)->as<std::string>();
+    std::string text = cmd->get_option(flag)->as<std::string>();
+    if (text.empty()) text = "true";  // a bare --kv-remote
     if (Status s = kvcache::ApplyKvFlag(flag, text, &f->kv); !s.ok()) return fail(s);
   }
   f->kv_block_size = f->kv.block_size;

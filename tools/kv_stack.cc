@@ -82,11 +82,11 @@ Result<std::unique_ptr<CpuModel>> OpenCpuModel(const LoadedModel& m, const KvOpt
 
 Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
                                              Backend& backend, const KvPool& pool, ForwardPass& engine,
-                                             kvcache::Clock* clock) {
+                                             kvcache::Clock* clock, const kvcache::StoreMaker& make) {
   auto stack = std::make_unique<KvStack>();
   const uint64_t block_bytes = engine.kv_layout().block_bytes();
   STRATA_ASSIGN_OR_RETURN(std::vector<kvcache::TierSpec> specs, kvcache::LowerTierSpecs(kv));
-  STRATA_ASSIGN_OR_RETURN(kvcache::OpenedTiers tiers, kvcache::OpenTiers(specs, block_bytes));
+  STRATA_ASSIGN_OR_RETURN(kvcache::OpenedTiers tiers, kvcache::OpenTiers(specs, block_bytes, make));
   stack->stores = std::move(tiers.stores);
   kvcache::KvManagerOptions o;
   if (kv.load_policy == kvcache::LoadPolicy::kAuto && !tiers.lowers.empty())

@@ -11,6 +11,7 @@
 #include "kvcache/clock.h"
 #include "kvcache/kv_config.h"
 #include "kvcache/kv_manager.h"
+#include "kvcache/tier_registry.h"
 #include "model/backend/kv_layout.h"
 #include "model/backend/backend.h"
 #include "model/backend/cpu/cpu_backend.h"
@@ -37,12 +38,14 @@ Result<int> DeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layou
 Result<int> ServingDeviceBlocks(const kvcache::KvCacheConfig& kv, const KvLayout& layout, int context_length,
                                 int max_seqs, uint64_t default_cap_bytes);
 
-// Opens the lower tiers the config lists and the manager over `pool` (the
-// pool `engine` runs over, from `backend`, which outlives the stack). Errors
+// Opens the lower tiers the config lists (with `make`: `strata serve`
+// makes the remote tier itself) and the manager over `pool` (the pool
+// `engine` runs over, from `backend`, which outlives the stack). Errors
 // name the flag, key or tier at fault.
 Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, const LoadedModel& m,
                                              Backend& backend, const KvPool& pool, ForwardPass& engine,
-                                             kvcache::Clock* clock);
+                                             kvcache::Clock* clock,
+                                             const kvcache::StoreMaker& make = kvcache::OpenStore);
 
 // The CPU backend with its KV pool and forward pass, in destruction order.
 struct CpuModel {

@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
+#include <future>
+
 #include "common/logging.h"
 
 namespace strata::cli {
@@ -46,6 +50,142 @@ Result<std::unique_ptr<transfer::MetadataClient>> JoinCluster(const std::string&
   STRATA_LOG_INFO("cluster: instance '{}' (incarnation {}) registers at {} with a {} s lease", self.name,
                   self.incarnation, url, lease_seconds);
   return client;
+}
+
+}  // namespace strata::cli
+
+namespace strata::cli {
+
+kvcache::StoreMaker ServeStoreMaker(bool in_cluster, const std::string& admin_token, cluster::RemoteStore** remote) {
+  return [in_cluster, admin_token, remote](const kvcache::TierSpec& spec,
+                                           uint64_t block_bytes) -> Result<std::unique_ptr<kvcache::BlockStore>> {
+    if (spec.kind != kvcache::TierKind::kRemote || !in_cluster) return kvcache::OpenStore(spec, block_bytes);
+    cluster::RemoteStoreOptions o;
+    o.block_bytes = block_bytes;
+    o.admin_token = admin_token;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cluster::RemoteStore> r, cluster::RemoteStore::Create(o));
+    *remote = r.get();
+    return std::unique_ptr<kvcache::BlockStore>(std::move(r));
+  };
+}
+
+Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& self, scheduler::Engine& engine,
+                                                  transfer::TransferEngine* xfer, transfer::MetadataClient* meta,
+                                                  cluster::RemoteStore* remote, const std::string& admin_token) {
+  auto pool = std::make_unique<ServePool>();
+  const auto epoch = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  pool->log = std::make_unique<kvcache::KvEventLog>(self.name, self.incarnation, static_cast<uint64_t>(epoch));
+  pool->xfer = xfer;
+  pool->remote = remote;
+  // On the engine thread: publish, and find the host tiers' memory.
+  struct HostTier {
+    size_t index;
+    std::string name;
+    SegmentId segment;
+  };
+  auto found = std::make_shared<std::promise<std::vector<HostTier>>>();
+  auto done = found->get_future();
+  if (!engine.Post([log = pool->log.get(), found](kvcache::KvManager& kv) {
+        kv.SetEventLog(log);
+        std::vector<HostTier> hosts;
+        for (size_t i = 0; i < kv.num_lower_tiers(); ++i) {
+          const int tier = static_cast<int>(i) + 1;
+          const auto& segs = kv.lower_store(i).own_segments();
+          if (kv.tier_kind(tier) == kvcache::TierKind::kHost && !segs.empty())
+            hosts.push_back({i, std::string(kv.tier_name(tier)), segs.front()});
+        }
+        found->set_value(std::move(hosts));
+      }))
+    return Status::Unavailable("cluster pool: the engine is stopping");
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready)
+    return Status::Unavailable("cluster pool: the engine thread did not run the set-up task");
+  std::vector<cluster::ExportedTier> exported;
+  for (const HostTier& h : done.get()) {
+    if (xfer == nullptr) break;
+    const std::string name = "kv." + h.name;
+    if (auto r = xfer->ExportSegment(h.segment, name); !r) return r.error().WithContext("cluster pool: exporting " + name);
+    pool->exports.push_back(name);
+    exported.push_back({h.index, name});
+  }
+  cluster::PostFn post = [&engine](cluster::EngineTask t) { return engine.Post(std::move(t)); };
+  pool->holder = std::make_unique<cluster::KvHolder>(pool->log.get(), std::move(post), std::move(exported));
+  if (remote != nullptr) {
+    cluster::DirectoryOptions d;
+    d.self = self.name;
+    d.model_namespace = self.model_namespace;
+    d.admin_token = admin_token;
+    pool->directory = std::make_unique<cluster::ClusterDirectory>(d, meta);
+    remote->Bind(pool->directory.get(), xfer);
+  }
+  STRATA_LOG_INFO("cluster pool: publishing blocks as '{}'; {} host tier(s) exported{}", self.name,
+                  pool->exports.size(), remote != nullptr ? "; reading peers' blocks (remote tier)" : "");
+  return pool;
+}
+
+void StopServing(ServePool& pool) {
+  pool.holder.reset();
+  if (pool.xfer != nullptr)
+    for (const auto& name : pool.exports) (void)pool.xfer->Unexport(name);
+  pool.exports.clear();
+}
+
+std::string RenderPoolMetrics(const ServePool& pool) {
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help, double value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " ";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g\n", value);
+    out += buf;
+  };
+  if (pool.log) family("strata_kv_events_last_seq", "gauge", "Sequence number of the last published KV event batch.",
+                       static_cast<double>(pool.log->last_seq()));
+  if (pool.holder) {
+    const cluster::HolderStats h = pool.holder->stats();
+    family("strata_kv_holder_resolves_total", "counter", "Resolve requests from peers answered.",
+           static_cast<double>(h.resolves));
+    family("strata_kv_holder_blocks_pinned_total", "counter", "Blocks resolved and pinned for peers.",
+           static_cast<double>(h.blocks_pinned));
+    family("strata_kv_holder_releases_total", "counter", "Pin leases released by their readers.",
+           static_cast<double>(h.releases));
+    family("strata_kv_holder_leases_expired_total", "counter", "Pin leases unpinned at their deadline.",
+           static_cast<double>(h.leases_expired));
+    family("strata_kv_holder_leases_active", "gauge", "Pin leases held now.", static_cast<double>(h.leases_active));
+  }
+  if (pool.directory) {
+    const cluster::DirectoryStats d = pool.directory->stats();
+    family("strata_cluster_peers", "gauge", "Peers known (same model namespace).", static_cast<double>(d.members));
+    family("strata_cluster_event_polls_total", "counter", "Peer event polls answered.", static_cast<double>(d.polls));
+    family("strata_cluster_event_poll_failures_total", "counter", "Peer event or snapshot requests that failed.",
+           static_cast<double>(d.poll_failures));
+    family("strata_cluster_snapshots_total", "counter", "Peer snapshots applied to the index.",
+           static_cast<double>(d.snapshots));
+    family("strata_cluster_membership_failures_total", "counter", "Membership reads that failed.",
+           static_cast<double>(d.member_failures));
+    size_t blocks = 0;
+    for (const auto& [name, st] : pool.directory->index().status()) blocks += st.blocks;
+    family("strata_cluster_index_blocks", "gauge", "Blocks the cluster index knows peers to hold.",
+           static_cast<double>(blocks));
+  }
+  if (pool.remote != nullptr) {
+    const cluster::RemoteStats r = pool.remote->remote_stats();
+    family("strata_kv_remote_blocks_read_total", "counter", "Blocks read from peers, checked and used.",
+           static_cast<double>(r.blocks_read));
+    family("strata_kv_remote_bytes_read_total", "counter", "Bytes read from peers.", static_cast<double>(r.bytes_read));
+    family("strata_kv_remote_misses_total", "counter", "Remote reads of blocks no peer had any more.",
+           static_cast<double>(r.misses));
+    family("strata_kv_remote_checksum_mismatches_total", "counter", "Remote blocks refused for a checksum mismatch.",
+           static_cast<double>(r.checksum_mismatches));
+    family("strata_kv_remote_transfer_failures_total", "counter",
+           "Remote reads failed in transfer (timeout, refusal, broken connection).",
+           static_cast<double>(r.transfer_failures));
+    family("strata_kv_remote_holder_failures_total", "counter", "Remote reads whose holder did not resolve them.",
+           static_cast<double>(r.holder_failures));
+    family("strata_kv_remote_read_bytes_per_second", "gauge", "Measured remote read rate (smoothed).",
+           pool.remote->measured_read_bytes_per_s());
+  }
+  return out;
 }
 
 }  // namespace strata::cli

@@ -5,7 +5,13 @@
 #include <memory>
 #include <string>
 
+#include "cluster/kv_directory.h"
+#include "cluster/kv_holder.h"
+#include "cluster/remote_store.h"
 #include "common/memory_segment.h"
+#include "kvcache/kv_event_log.h"
+#include "kvcache/tier_registry.h"
+#include "scheduler/engine.h"
 #include "common/status.h"
 #include "tools/transfer_flags.h"
 #include "transfer/metadata.h"
@@ -29,5 +35,41 @@ Result<std::unique_ptr<transfer::TransferEngine>> StartServeTransfer(const Trans
 // Registers `self` at `url` (--metadata) with a lease; the client keeps it.
 Result<std::unique_ptr<transfer::MetadataClient>> JoinCluster(const std::string& url, const transfer::InstanceInfo& self,
                                                               int lease_seconds);
+
+// The cluster KV pool inside `strata serve` (issue 18; docs/cluster.md):
+// this instance publishes its blocks (event log, served with the holder's
+// /internal/kv/ routes), exports its host tiers to the transfer engine,
+// and, with a remote tier, follows its peers (directory) and reads from
+// them (the remote store, owned by the KV stack).
+struct ServePool {
+  std::unique_ptr<kvcache::KvEventLog> log;
+  std::unique_ptr<cluster::KvHolder> holder;
+  std::unique_ptr<cluster::ClusterDirectory> directory;
+  cluster::RemoteStore* remote = nullptr;  // owned by the KV stack
+  transfer::TransferEngine* xfer = nullptr;
+  std::vector<std::string> exports;  // export names of the host tiers
+};
+
+// The store maker for OpenKvStack: a remote tier (kv.tiers {kind: remote}
+// or --kv-remote) becomes a RemoteStore (*remote points at it) when the
+// instance is in a cluster; every other kind opens as usual.
+kvcache::StoreMaker ServeStoreMaker(bool in_cluster, const std::string& admin_token, cluster::RemoteStore** remote);
+
+// Starts the pool: the event log under `self`'s name and incarnation
+// (installed in the KV manager on the engine thread), the host tiers'
+// exports (when `xfer` is set), the holder, and with `remote` the
+// directory over `meta` bound to the remote store. `meta` and `xfer`
+// outlive the pool.
+Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& self, scheduler::Engine& engine,
+                                                  transfer::TransferEngine* xfer, transfer::MetadataClient* meta,
+                                                  cluster::RemoteStore* remote, const std::string& admin_token);
+// Shutdown, before the KV stack goes: no more resolves, host tiers no
+// longer exported (the directory and the transfer engine stay until the
+// stack has drained the remote tier's reads).
+void StopServing(ServePool& pool);
+
+// The pool's metric families (docs/metrics.md: strata_kv_remote_*,
+// strata_cluster_*, strata_kv_holder_*).
+std::string RenderPoolMetrics(const ServePool& pool);
 
 }  // namespace strata::cli

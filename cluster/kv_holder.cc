@@ -1,0 +1,167 @@
+#include "cluster/kv_holder.h"
+
+#include <nlohmann/json.hpp>
+
+#include "cluster/kv_wire.h"
+#include "common/logging.h"
+
+namespace strata::cluster {
+
+namespace {
+std::string ErrorBody(const std::string& message) { return nlohmann::json{{"error", message}}.dump(); }
+
+// The value of `key` in a query string "a=1&b=2" ("" when absent).
+std::string QueryValue(const std::string& query, const std::string& key) {
+  size_t pos = 0;
+  while (pos <= query.size()) {
+    size_t end = query.find('&', pos);
+    if (end == std::string::npos) end = query.size();
+    const std::string part = query.substr(pos, end - pos);
+    if (part.rfind(key + "=", 0) == 0) return part.substr(key.size() + 1);
+    pos = end + 1;
+  }
+  return "";
+}
+}  // namespace
+
+KvHolder::KvHolder(kvcache::KvEventLog* log, PostFn post, std::vector<ExportedTier> tiers,
+                   std::chrono::milliseconds max_lease)
+    : log_(log), post_(std::move(post)), tiers_(std::move(tiers)), max_lease_(max_lease) {
+  timer_ = std::thread([this] { TimerLoop(); });
+}
+
+KvHolder::~KvHolder() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  timer_.join();
+}
+
+HolderStats KvHolder::stats() const {
+  std::lock_guard lock(mu_);
+  HolderStats s = stats_;
+  s.leases_active = leases_.size();
+  return s;
+}
+
+bool KvHolder::Handle(const std::string& method, const std::string& path, const std::string& query,
+                      const std::string& body, ReplyFn reply) {
+  const bool get = method == "GET", post = method == "POST";
+  if (path == "/internal/kv/events") {
+    if (!get) return reply(405, ErrorBody("use GET")), true;
+    Events(query, reply);
+  } else if (path == "/internal/kv/snapshot") {
+    if (!get) return reply(405, ErrorBody("use GET")), true;
+    reply(200, SnapshotToJson(log_->Snapshot()));
+  } else if (path == "/internal/kv/resolve") {
+    if (!post) return reply(405, ErrorBody("use POST")), true;
+    Resolve(body, std::move(reply));
+  } else if (path == "/internal/kv/release") {
+    if (!post) return reply(405, ErrorBody("use POST")), true;
+    Release(body, reply);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void KvHolder::Events(const std::string& query, const ReplyFn& reply) const {
+  const std::string since_text = QueryValue(query, "since");
+  uint64_t since = 0;
+  try {
+    size_t used = 0;
+    since = since_text.empty() ? 0 : std::stoull(since_text, &used);
+    if (used != since_text.size()) throw std::invalid_argument("trailing");
+  } catch (...) {
+    return reply(400, ErrorBody("'since' must be a sequence number"));
+  }
+  auto batches = log_->Since(since);
+  if (!batches) return reply(410, ErrorBody("batches after " + since_text + " are no longer kept: ask for a snapshot"));
+  EventsReply r{log_->instance(), log_->incarnation(), log_->epoch(), log_->last_seq(), std::move(*batches)};
+  reply(200, EventsReplyToJson(r));
+}
+
+void KvHolder::Resolve(const std::string& body, ReplyFn reply) {
+  auto req = ResolveRequestFromJson(body);
+  if (!req) return reply(400, ErrorBody(req.error().message()));
+  const auto lease_len = std::min(std::chrono::milliseconds(req->lease_ms), max_lease_);
+  auto task = [this, req = std::move(*req), lease_len, reply](kvcache::KvManager& kv) {
+    ResolveReply out;
+    Lease lease;
+    for (const BlockHash& h : req.hashes) {
+      bool found = false;
+      for (const ExportedTier& t : tiers_) {
+        kvcache::BlockStore* store = kv.mutable_lower_store(t.tier);
+        auto loc = store->Locate(h);
+        if (!loc || !store->Pin(h)) continue;
+        out.blocks.push_back({t.segment, loc->region.offset, loc->region.length, loc->checksum});
+        lease.pins.emplace_back(t.tier, h);
+        found = true;
+        break;
+      }
+      if (!found) break;  // a prefix: the rest would be unusable
+    }
+    {
+      std::lock_guard lock(mu_);
+      ++stats_.resolves;
+      stats_.blocks_pinned += out.blocks.size();
+      if (!lease.pins.empty()) {
+        out.lease = next_lease_++;
+        lease.deadline = std::chrono::steady_clock::now() + lease_len;
+        leases_.emplace(out.lease, std::move(lease));
+      }
+    }
+    reply(200, ResolveReplyToJson(out));
+  };
+  if (!post_(std::move(task))) reply(503, ErrorBody("the instance is shutting down"));
+}
+
+void KvHolder::Release(const std::string& body, const ReplyFn& reply) {
+  const auto j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("lease") || !j["lease"].is_number_unsigned())
+    return reply(400, ErrorBody("release: 'lease' must be a lease number"));
+  std::vector<std::pair<size_t, BlockHash>> pins;
+  {
+    std::lock_guard lock(mu_);
+    auto it = leases_.find(j["lease"].get<uint64_t>());
+    if (it == leases_.end()) return reply(404, ErrorBody("no such lease (expired or released)"));
+    pins = std::move(it->second.pins);
+    leases_.erase(it);
+    ++stats_.releases;
+  }
+  Unpin(std::move(pins));
+  reply(200, "{}");
+}
+
+void KvHolder::Unpin(std::vector<std::pair<size_t, BlockHash>> pins) {
+  if (pins.empty()) return;
+  (void)post_([pins = std::move(pins)](kvcache::KvManager& kv) {
+    for (const auto& [tier, h] : pins) kv.mutable_lower_store(tier)->Unpin(h);
+  });
+}
+
+void KvHolder::TimerLoop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<std::pair<size_t, BlockHash>> expired;
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second.deadline > now) {
+        ++it;
+        continue;
+      }
+      expired.insert(expired.end(), it->second.pins.begin(), it->second.pins.end());
+      ++stats_.leases_expired;
+      it = leases_.erase(it);
+    }
+    if (expired.empty()) continue;
+    lock.unlock();
+    Unpin(std::move(expired));
+    lock.lock();
+  }
+}
+
+}  // namespace strata::cluster
