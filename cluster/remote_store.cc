@@ -61,6 +61,7 @@ RemoteStats RemoteStore::remote_stats() const {
 
 double RemoteStore::measured_read_bytes_per_s() const {
   std::lock_guard lock(mu_);
+  if (std::chrono::steady_clock::now() - rate_at_ > kRateTtl) return 0;  // stale: unknown
   return rate_;
 }
 
@@ -326,7 +327,9 @@ void RemoteStore::ReadFrom(const transfer::InstanceInfo& holder, std::vector<Rea
   if (good_bytes > 0 && secs > 0) {
     std::lock_guard lock(mu_);
     const double r = static_cast<double>(good_bytes) / secs;
-    rate_ = rate_ == 0 ? r : 0.8 * rate_ + 0.2 * r;
+    const auto now = std::chrono::steady_clock::now();
+    rate_ = rate_ == 0 || now - rate_at_ > kRateTtl ? r : 0.8 * rate_ + 0.2 * r;
+    rate_at_ = now;
   }
 }
 

@@ -20,14 +20,17 @@
 //            failed transfer, a checksum mismatch, a dead holder: that
 //            block's read fails (the KV manager recomputes it and the rest
 //            of the chain); the cause is counted (stats()).
-// The measured rate of successful reads feeds the `auto` load policy
-// (measured_read_bytes_per_s).
+// The measured rate of successful reads (resolve round trip and transfer)
+// feeds the `auto` load policy (measured_read_bytes_per_s); a measurement
+// older than kRateTtl is forgotten (rate unknown: hits are loaded), so a
+// slow moment never turns the remote tier off for good.
 //
 // Thread-safety: BlockStore's rule (one driving thread); stats() from any
 // thread. The worker thread touches only the queued reads' destination
 // memory, which the caller keeps registered until their completions.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -125,6 +128,8 @@ class RemoteStore final : public kvcache::BlockStore {
   RemoteStats stats_;
   uint64_t corrupt_ = 0;
   double rate_ = 0;  // bytes/s, smoothed
+  std::chrono::steady_clock::time_point rate_at_{};
+  static constexpr std::chrono::seconds kRateTtl{5};
   std::map<std::string, uint64_t> peers_;  // transfer address → peer id (worker only)
   std::thread worker_;
 };

@@ -37,6 +37,11 @@ Result<std::unique_ptr<transfer::TransferEngine>> StartServeTransfer(const Trans
   STRATA_ASSIGN_OR_RETURN(transfer::TransferOptions options, ToOptions(tf, instance));
   auto engine = transfer::TransferEngine::Start(options, segments);
   if (!engine) return engine.error().WithContext("transfer engine");
+  if (!flags.faults.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto rules, ParseFaultRules(flags.faults));
+    STRATA_LOG_WARN("transfer engine: injecting test faults: {}", flags.faults);
+    (*engine)->SetFaults(std::move(rules));
+  }
   STRATA_LOG_INFO("transfer engine '{}' listening on {}", (*engine)->instance_name(), (*engine)->address());
   return std::move(*engine);
 }
@@ -163,10 +168,16 @@ std::string RenderPoolMetrics(const ServePool& pool) {
            static_cast<double>(d.snapshots));
     family("strata_cluster_membership_failures_total", "counter", "Membership reads that failed.",
            static_cast<double>(d.member_failures));
-    size_t blocks = 0;
-    for (const auto& [name, st] : pool.directory->index().status()) blocks += st.blocks;
-    family("strata_cluster_index_blocks", "gauge", "Blocks the cluster index knows peers to hold.",
-           static_cast<double>(blocks));
+    out += "# HELP strata_cluster_index_blocks Blocks the cluster index knows each peer to hold (any tier).\n"
+           "# TYPE strata_cluster_index_blocks gauge\n";
+    for (const auto& [name, st] : pool.directory->index().status()) {
+      std::string label;
+      for (char ch : name) {
+        if (ch == '"' || ch == '\\') label += '\\';
+        label += ch;
+      }
+      out += "strata_cluster_index_blocks{instance=\"" + label + "\"} " + std::to_string(st.blocks) + "\n";
+    }
   }
   if (pool.remote != nullptr) {
     const cluster::RemoteStats r = pool.remote->remote_stats();

@@ -25,6 +25,48 @@ void AddTransferFlags(CLI::App* cmd, TransferFlags* f) {
   cmd->add_option("--transfer-connections", f->connections, "tcp connections to each transfer peer")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  cmd->add_option("--transfer-faults", f->faults,
+                  "TESTS ONLY: inject faults into this engine's reads: action[:skip[:count[:delay_s]]],... with "
+                  "action delay|drop|corrupt|fail|teardown")
+      ->group("Testing");
+}
+
+Result<std::vector<transfer::FaultRule>> ParseFaultRules(const std::string& spec) {
+  std::vector<transfer::FaultRule> rules;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(pos, end - pos);
+    pos = end + 1;
+    std::vector<std::string> parts;
+    for (size_t p = 0; p <= item.size();) {
+      size_t c = item.find(':', p);
+      if (c == std::string::npos) c = item.size();
+      parts.push_back(item.substr(p, c - p));
+      p = c + 1;
+    }
+    const std::string bad = "--transfer-faults: '" + item + "' ";
+    transfer::FaultRule r;
+    r.kind = transfer::OpKind::kRead;
+    static const std::pair<const char*, transfer::FaultRule::Action> kActions[] = {
+        {"delay", transfer::FaultRule::Action::kDelay},   {"drop", transfer::FaultRule::Action::kDrop},
+        {"corrupt", transfer::FaultRule::Action::kCorrupt}, {"fail", transfer::FaultRule::Action::kFail},
+        {"teardown", transfer::FaultRule::Action::kTeardown}};
+    bool known = false;
+    for (const auto& [name, action] : kActions)
+      if (parts[0] == name) r.action = action, known = true;
+    if (!known || parts.size() > 4) return Status::InvalidArgument(bad + "is not action[:skip[:count[:delay_s]]]");
+    try {
+      if (parts.size() > 1) r.skip = std::stoull(parts[1]);
+      if (parts.size() > 2) r.count = std::stoull(parts[2]);
+      if (parts.size() > 3) r.delay_s = std::stod(parts[3]);
+    } catch (...) {
+      return Status::InvalidArgument(bad + "has a malformed number");
+    }
+    rules.push_back(r);
+  }
+  return rules;
 }
 
 Result<transfer::TransferOptions> ToOptions(const TransferFlags& f, const std::string& instance_name) {

@@ -17,7 +17,14 @@ struct TransferFlags {
   std::string advertise_address;
   std::string secret_file;
   int connections = 4;
+  // Test-only fault injection (TransferEngine::SetFaults) on this engine's
+  // reads, e.g. "corrupt:0:1,delay:2:1:3.0": action[:skip[:count[:delay_s]]]
+  // with action delay|drop|corrupt|fail|teardown. Empty: none.
+  std::string faults;
 };
+
+// Parses --transfer-faults (see TransferFlags::faults).
+Result<std::vector<transfer::FaultRule>> ParseFaultRules(const std::string& spec);
 
 void AddTransferFlags(CLI::App* cmd, TransferFlags* f);
 // Options for an engine named `instance_name`: parses the transport list,

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "tests/e2e/server/serve_test_util.h"
-#include "tests/support/etcd_process.h"
+#include "tests/support/metadata_store.h"
 #include "tests/support/run_command.h"
 #include "tests/support/test_env.h"
 #include "transfer/metadata.h"
@@ -20,65 +20,7 @@ using namespace std::chrono_literals;
 using transfer::InstanceInfo;
 using transfer::MetadataClient;
 
-// A metadata store the test can stop and start again, empty, on the same port.
-class Store {
- public:
-  explicit Store(bool etcd) : etcd_(etcd), dir_(MakeTempDir("cluster-meta")) { Start(); }
-  void Start() {
-    if (etcd_) {
-      etcd_proc_ = std::make_unique<EtcdProcess>(dir_ + "/data" + std::to_string(starts_++), port_);
-      ASSERT_TRUE(etcd_proc_->started());
-      port_ = etcd_proc_->client_port();
-    } else {
-      std::vector<std::string> args;
-      if (port_ != 0) args = {"--port", std::to_string(port_)};
-      RoleOptions role;
-      role.zero_port_flags = port_ != 0 ? std::vector<std::string>{} : std::vector<std::string>{"--port"};
-      role.port_file_flag = "--port-file";
-      role.host_flag = true;
-      role.ready_path = "/health";
-      auto p = ServerProcess::StartRole("meta", args, role);
-      ASSERT_TRUE(p.has_value()) << p.error().ToString();
-      meta_ = std::move(*p);
-      port_ = meta_->port("http");
-    }
-  }
-  void Stop() {
-    if (etcd_) {
-      etcd_proc_->Stop();
-    } else {
-      auto code = meta_->Stop(10);
-      EXPECT_TRUE(code.has_value());
-    }
-  }
-  std::string url() const { return std::string(etcd_ ? "etcd" : "strata") + "://127.0.0.1:" + std::to_string(port_); }
-  std::vector<InstanceInfo> List() {
-    auto c = MetadataClient::Create(*transfer::ParseMetadataUrl(url()));
-    auto l = (*c)->List();
-    return l ? *l : std::vector<InstanceInfo>{};
-  }
-  // The names registered, waiting up to `timeout` for `want`.
-  std::vector<std::string> WaitFor(const std::vector<std::string>& want, std::chrono::milliseconds timeout) {
-    std::vector<std::string> names;
-    auto until = std::chrono::steady_clock::now() + timeout;
-    do {
-      names.clear();
-      for (const auto& i : List()) names.push_back(i.name);
-      std::sort(names.begin(), names.end());
-      if (names == want) break;
-      std::this_thread::sleep_for(100ms);
-    } while (std::chrono::steady_clock::now() < until);
-    return names;
-  }
-
- private:
-  bool etcd_;
-  std::string dir_;
-  int port_ = 0;
-  int starts_ = 0;
-  std::unique_ptr<EtcdProcess> etcd_proc_;
-  std::unique_ptr<ServerProcess> meta_;
-};
+using Store = MetadataStoreProcess;
 
 class ClusterMembershipTest : public ::testing::TestWithParam<bool> {};
 
