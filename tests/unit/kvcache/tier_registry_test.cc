@@ -102,7 +102,8 @@ TEST(TierRegistry, EveryRefusalNamesTheEntry) {
       {"kv:\n  tiers:\n    - {kind: host, bytes: 1G, name: \"\"}\n", {"kv.tiers[0]", "'name' is empty"}},
       {"kv:\n  tiers:\n    - {kind: device, bytes: 1G}\n", {"kv.tiers[0]", "kv.device_bytes"}},
       {"kv:\n  tiers:\n    - {kind: host, name: device, bytes: 1G}\n", {"kv.tiers[0]", "the device pool's"}},
-      {"kv:\n  tiers:\n    - {kind: remote, bytes: 1G}\n", {"kv.tiers[0]", "cluster pool"}},
+      {"kv:\n  tiers:\n    - {kind: remote, bytes: 1G}\n", {"kv.tiers[0]", "'bytes' does not apply to a remote tier"}},
+      {"kv:\n  tiers:\n    - {kind: remote}\n    - {kind: host, bytes: 1G}\n", {"kv.tiers[0]", "must be the last"}},
       {"kv:\n  tiers:\n    - {kind: host, bytes: 1G}\n    - {kind: host, bytes: 2G}\n",
        {"kv.tiers[1]", "'host'", "kv.tiers[0]"}},
       {"kv:\n  tiers:\n    - {kind: host, name: a, bytes: 1G}\n    - {kind: disk, name: a, path: /x, bytes: 2G}\n",
@@ -117,6 +118,31 @@ TEST(TierRegistry, EveryRefusalNamesTheEntry) {
     const std::string e = ErrorOf(c.yaml);
     for (const auto& n : c.needles) EXPECT_NE(e.find(n), std::string::npos) << c.yaml << "\n→ " << e;
   }
+}
+
+TEST(TierRegistry, ARemoteTierIsListedLastOrAddedByTheFlag) {
+  auto cfg = Config::Parse("kv:\n  tiers:\n    - {kind: host, bytes: 1G}\n    - {kind: remote}\n");
+  ASSERT_TRUE(cfg.ok());
+  auto kv = KvCacheConfigFromYaml(*cfg, {});
+  ASSERT_TRUE(kv.ok()) << kv.error().ToString();
+  auto listed = LowerTierSpecs(*kv);
+  ASSERT_TRUE(listed.ok()) << listed.error().ToString();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[1].kind, TierKind::kRemote);
+  EXPECT_EQ((*listed)[1].write_policy, WritePolicy::kNone);
+
+  KvCacheConfig flat;
+  ASSERT_TRUE(ApplyKvFlag("--kv-host-bytes", "64M", &flat).ok());
+  ASSERT_TRUE(ApplyKvFlag("--kv-remote", "true", &flat).ok());
+  auto from_flag = LowerTierSpecs(flat);
+  ASSERT_TRUE(from_flag.ok());
+  ASSERT_EQ(from_flag->size(), 2u);
+  EXPECT_EQ((*from_flag)[1].kind, TierKind::kRemote);
+  EXPECT_EQ((*from_flag)[1].name, "remote");
+  // Outside a cluster no store can serve it.
+  auto opened = OpenTiers(*from_flag, 4096);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_NE(opened.error().message().find("--metadata"), std::string::npos) << opened.error().message();
 }
 
 TEST(TierRegistry, ShorthandsEqualTheListTheyStandFor) {
