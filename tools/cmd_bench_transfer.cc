@@ -23,6 +23,7 @@
 
 #include "common/config.h"
 #include "common/logging.h"
+#include "tools/bench_remote_prefix.h"
 #include "tools/commands.h"
 #include "transfer/shared_memory.h"
 #include "transfer/transfer_engine.h"
@@ -42,6 +43,9 @@ struct BenchFlags {
   std::string region = "128M";
   int rounds = 2;
   bool json = false;
+  std::string remote_model;  // remote_prefix: empty = bench-110m q8_0 (synthetic)
+  int remote_prompt_tokens = 1792;
+  bool skip_remote_prefix = false;
 };
 
 // --- the target process ---
@@ -303,6 +307,19 @@ int RunBench(const BenchFlags& f) {
   out["shm"]["baseline"] = "memcpy between two buffers of one process, 2 threads (the engine's 2 copiers)";
   out["bytes_per_case"] = *total;
   out["rounds"] = f.rounds;
+  if (!f.skip_remote_prefix) {
+    RemotePrefixOptions ro;
+    ro.model = f.remote_model;
+    ro.prompt_tokens = f.remote_prompt_tokens;
+    ro.rounds = f.rounds;
+    auto rp = RunRemotePrefixBench(ro);
+    if (!rp) {
+      std::cerr << "bench transfer: remote_prefix: " << rp.error().message() << "\n";
+      status = 1;
+    } else {
+      out["remote_prefix"] = *rp;
+    }
+  }
   if (f.json) {
     std::cout << out.dump(2) << "\n";
   } else {
@@ -312,6 +329,15 @@ int RunBench(const BenchFlags& f) {
       std::cout << fmt::format("{:<5} {:>5} {:>8} {:>12.2f} {:>14.2f} {:>7.2f}\n", c.transport, c.conns,
                                c.chunk >= (1u << 20) ? "1M" : "64K", c.engine, c.baseline,
                                c.baseline > 0 ? c.engine / c.baseline : 0.0);
+    }
+    if (out.contains("remote_prefix")) {
+      const auto& rp = out["remote_prefix"];
+      for (const auto& [t, v] : rp["by_transport"].items())
+        std::cout << fmt::format("remote prefix over {}: TTFT {:.3f} s loaded from a peer's host tier vs {:.3f} s "
+                                 "computed (cache off): ratio {:.2f} ({} remote cached tokens of {})\n",
+                                 t, v["ttft_seconds"].get<double>(), v["cold_ttft_seconds"].get<double>(),
+                                 v["ratio"].get<double>(), v["remote_cached_tokens"].get<int>(),
+                                 rp["prompt_tokens"].get<int>());
     }
     std::cout << "tcp baseline: plain socket pair (same connections, chunk, pipelining); shm and cma baseline: "
                  "memcpy (2 threads); shm: the target's memory is shared (memfd), cma: plain memory reached with "
@@ -330,6 +356,13 @@ void RegisterBenchTransfer(CLI::App* bench, int* exit_code) {
   cmd->add_option("--region", f->region, "size of the target region the writes cycle through")->capture_default_str();
   cmd->add_option("--rounds", f->rounds, "alternating rounds (best of)")->check(CLI::Range(1, 20))->capture_default_str();
   cmd->add_flag("--json", f->json, "print JSON");
+  cmd->add_option("--remote-prefix-model", f->remote_model,
+                  "remote_prefix: the model (default: bench-110m q8_0, synthetic, written to a temp dir)");
+  cmd->add_option("--remote-prefix-tokens", f->remote_prompt_tokens, "remote_prefix: prompt length")
+      ->check(CLI::Range(32, 1 << 20))
+      ->capture_default_str();
+  cmd->add_flag("--skip-remote-prefix", f->skip_remote_prefix,
+                "skip the remote_prefix part (TTFT of a prompt loaded from a peer vs computed)");
   cmd->callback([f, exit_code] { *exit_code = RunBench(*f); });
 }
 
