@@ -5,6 +5,8 @@
 #include "cluster/kv_wire.h"
 #include "common/logging.h"
 
+#include <xxhash.h>
+
 namespace strata::cluster {
 
 namespace {
@@ -25,9 +27,40 @@ std::string QueryValue(const std::string& query, const std::string& key) {
 }  // namespace
 
 KvHolder::KvHolder(kvcache::KvEventLog* log, PostFn post, std::vector<ExportedTier> tiers,
-                   std::chrono::milliseconds max_lease)
-    : log_(log), post_(std::move(post)), tiers_(std::move(tiers)), max_lease_(max_lease) {
+                   std::chrono::milliseconds max_lease, std::vector<size_t> disk_tiers, StagingArea staging)
+    : log_(log),
+      post_(std::move(post)),
+      tiers_(std::move(tiers)),
+      max_lease_(max_lease),
+      disk_tiers_(staging.slots > 0 ? std::move(disk_tiers) : std::vector<size_t>{}),
+      staging_(std::move(staging)) {
+  for (int i = staging_.slots - 1; i >= 0; --i) free_slots_.push_back(i);
   timer_ = std::thread([this] { TimerLoop(); });
+}
+
+struct KvHolder::PendingResolve {
+  std::vector<ResolvedBlock> blocks;
+  std::vector<bool> ok;  // per block: answered (host) or staged successfully
+  Lease lease;
+  int pending = 0;       // stagings in flight
+  std::chrono::milliseconds lease_len{0};
+  ReplyFn reply;
+};
+
+int KvHolder::TakeSlot() {
+  std::lock_guard lock(mu_);
+  if (free_slots_.empty()) return -1;
+  const int s = free_slots_.back();
+  free_slots_.pop_back();
+  return s;
+}
+
+void KvHolder::Drop(Lease lease) {
+  {
+    std::lock_guard lock(mu_);
+    for (int s : lease.slots) free_slots_.push_back(s);
+  }
+  Unpin(std::move(lease.pins));
 }
 
 KvHolder::~KvHolder() {
@@ -88,50 +121,97 @@ void KvHolder::Resolve(const std::string& body, ReplyFn reply) {
   if (!req) return reply(400, ErrorBody(req.error().message()));
   const auto lease_len = std::min(std::chrono::milliseconds(req->lease_ms), max_lease_);
   auto task = [this, req = std::move(*req), lease_len, reply](kvcache::KvManager& kv) {
-    ResolveReply out;
-    Lease lease;
+    auto p = std::make_shared<PendingResolve>();
+    p->lease_len = lease_len;
+    p->reply = reply;
     for (const BlockHash& h : req.hashes) {
       bool found = false;
-      for (const ExportedTier& t : tiers_) {
+      for (const ExportedTier& t : tiers_) {  // host tiers first
         kvcache::BlockStore* store = kv.mutable_lower_store(t.tier);
         auto loc = store->Locate(h);
         if (!loc || !store->Pin(h)) continue;
-        out.blocks.push_back({t.segment, loc->region.offset, loc->region.length, loc->checksum});
-        lease.pins.emplace_back(t.tier, h);
+        p->blocks.push_back({t.segment, loc->region.offset, loc->region.length, loc->checksum});
+        p->ok.push_back(true);
+        p->lease.pins.emplace_back(t.tier, h);
         found = true;
         break;
       }
+      for (size_t d = 0; !found && d < disk_tiers_.size(); ++d) {
+        if (!kv.lower_store(disk_tiers_[d]).Contains(h)) continue;
+        const int slot = TakeSlot();
+        if (slot < 0) {
+          std::lock_guard lock(mu_);
+          ++stats_.stage_failures;
+          break;
+        }
+        const uint64_t offset = static_cast<uint64_t>(slot) * staging_.stride;
+        const size_t index = p->blocks.size();
+        p->blocks.push_back({staging_.segment, offset, staging_.block_bytes, 0});
+        p->ok.push_back(false);
+        p->lease.slots.push_back(slot);
+        ++p->pending;
+        Status s = kv.SubmitStage(disk_tiers_[d], h, Region{staging_.segment_id, offset, staging_.block_bytes},
+                                  [this, p, index, offset](const Status& st) {
+                                    if (st.ok()) {
+                                      p->blocks[index].checksum =
+                                          XXH3_64bits(staging_.base + offset, staging_.block_bytes);
+                                      p->ok[index] = true;
+                                    }
+                                    {
+                                      std::lock_guard lock(mu_);
+                                      ++(st.ok() ? stats_.blocks_staged : stats_.stage_failures);
+                                    }
+                                    if (--p->pending == 0) FinishResolve(p);
+                                  });
+        if (!s.ok()) {
+          --p->pending;
+          std::lock_guard lock(mu_);
+          ++stats_.stage_failures;
+        }
+        found = true;  // answered when staged (or cut there if the read fails)
+      }
       if (!found) break;  // a prefix: the rest would be unusable
     }
-    {
-      std::lock_guard lock(mu_);
-      ++stats_.resolves;
-      stats_.blocks_pinned += out.blocks.size();
-      if (!lease.pins.empty()) {
-        out.lease = next_lease_++;
-        lease.deadline = std::chrono::steady_clock::now() + lease_len;
-        leases_.emplace(out.lease, std::move(lease));
-      }
-    }
-    reply(200, ResolveReplyToJson(out));
+    if (p->pending == 0) FinishResolve(p);
   };
   if (!post_(std::move(task))) reply(503, ErrorBody("the instance is shutting down"));
+}
+
+void KvHolder::FinishResolve(const std::shared_ptr<PendingResolve>& p) {
+  // The answer is the prefix of blocks that are ready; the rest is dropped.
+  size_t n = 0;
+  while (n < p->ok.size() && p->ok[n]) ++n;
+  ResolveReply out;
+  out.blocks.assign(p->blocks.begin(), p->blocks.begin() + static_cast<std::ptrdiff_t>(n));
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.resolves;
+    stats_.blocks_pinned += n;
+    if (n > 0) {
+      out.lease = next_lease_++;
+      Lease lease = std::move(p->lease);
+      lease.deadline = std::chrono::steady_clock::now() + p->lease_len;
+      leases_.emplace(out.lease, std::move(lease));
+    }
+  }
+  if (n == 0) Drop(std::move(p->lease));  // nothing usable: unpin and free at once
+  p->reply(200, ResolveReplyToJson(out));
 }
 
 void KvHolder::Release(const std::string& body, const ReplyFn& reply) {
   const auto j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("lease") || !j["lease"].is_number_unsigned())
     return reply(400, ErrorBody("release: 'lease' must be a lease number"));
-  std::vector<std::pair<size_t, BlockHash>> pins;
+  Lease lease;
   {
     std::lock_guard lock(mu_);
     auto it = leases_.find(j["lease"].get<uint64_t>());
     if (it == leases_.end()) return reply(404, ErrorBody("no such lease (expired or released)"));
-    pins = std::move(it->second.pins);
+    lease = std::move(it->second);
     leases_.erase(it);
     ++stats_.releases;
   }
-  Unpin(std::move(pins));
+  Drop(std::move(lease));
   reply(200, "{}");
 }
 
@@ -147,19 +227,19 @@ void KvHolder::TimerLoop() {
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     const auto now = std::chrono::steady_clock::now();
-    std::vector<std::pair<size_t, BlockHash>> expired;
+    std::vector<Lease> expired;
     for (auto it = leases_.begin(); it != leases_.end();) {
       if (it->second.deadline > now) {
         ++it;
         continue;
       }
-      expired.insert(expired.end(), it->second.pins.begin(), it->second.pins.end());
+      expired.push_back(std::move(it->second));
       ++stats_.leases_expired;
       it = leases_.erase(it);
     }
     if (expired.empty()) continue;
     lock.unlock();
-    Unpin(std::move(expired));
+    for (auto& l : expired) Drop(std::move(l));
     lock.lock();
   }
 }

@@ -12,7 +12,10 @@
 namespace strata::cluster {
 
 namespace {
-constexpr kvcache::TierMask kHostMask = kvcache::MaskOf(kvcache::TierKind::kHost);
+// Blocks a holder can serve: in its host tier, or on its disk (staged first).
+constexpr kvcache::TierMask kHostMask =
+    kvcache::MaskOf(kvcache::TierKind::kHost) | kvcache::MaskOf(kvcache::TierKind::kDisk);
+constexpr kvcache::TierMask kHostOnly = kvcache::MaskOf(kvcache::TierKind::kHost);
 
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -173,18 +176,24 @@ void RemoteStore::RunBatch(std::vector<Read> batch) {
   struct Candidate {
     transfer::InstanceInfo info;
     bool same_host = false;
-    size_t held = 0;
+    size_t held = 0;       // blocks of the batch it can serve
+    size_t in_host = 0;    // of those, in its host tier (no staging)
   };
   std::vector<Candidate> cands;
   for (const auto& p : dir->Peers()) {
     if (p.transfer_address.empty() || !dir->Peer(p.name)) continue;
-    Candidate c{p, SameHost(p), 0};
-    for (const Read& r : batch) c.held += (dir->index().Holds(p.name, r.hash) & kHostMask) != 0;
+    Candidate c{p, SameHost(p), 0, 0};
+    for (const Read& r : batch) {
+      const kvcache::TierMask m = dir->index().Holds(p.name, r.hash);
+      c.held += (m & kHostMask) != 0;
+      c.in_host += (m & kHostOnly) != 0;
+    }
     if (c.held > 0) cands.push_back(std::move(c));
   }
   std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
     if (a.same_host != b.same_host) return a.same_host;
     if (a.held != b.held) return a.held > b.held;
+    if (a.in_host != b.in_host) return a.in_host > b.in_host;  // host tier before disk
     return a.info.name < b.info.name;
   });
   std::vector<std::vector<Read>> groups(cands.size());

@@ -188,6 +188,11 @@ class KvManager {
   // Lower tier i's store, for the cluster pool's holder side (Locate, Pin:
   // engine thread only).
   BlockStore* mutable_lower_store(size_t i) { return mover_->tier(i).store; }
+  // Reads lower tier i's block `hash` into host region `dst` (TierMover::
+  // SubmitStage): the holder stages disk-only blocks for peers.
+  Status SubmitStage(size_t i, const BlockHash& hash, const Region& dst, TierMover::StageDoneFn done) {
+    return mover_->SubmitStage(static_cast<int>(i), hash, dst, std::move(done));
+  }
 
   // Operator flush (`strata cache flush`). `device`: every cached device
   // block (unreferenced, hashed) leaves the prefix index and becomes free;

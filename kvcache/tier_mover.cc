@@ -320,6 +320,20 @@ Status TierMover::SubmitLoad(int tier, BlockId block, const BlockHash& hash, Req
   return s;
 }
 
+Status TierMover::SubmitStage(int tier, const BlockHash& hash, const Region& dst, StageDoneFn done) {
+  if (draining_) return Status::Cancelled("the KV manager is shutting down");
+  if (tier < 0 || static_cast<size_t>(tier) >= lowers_.size())
+    return Status::InvalidArgument("stage: no lower tier " + std::to_string(tier));
+  const uint64_t tag = next_tag_++;
+  Op op{OpKind::kStage, tier, BlockId(0), hash, clock_->NowNanos()};
+  op.holds_block = false;
+  op.stage_done = std::move(done);
+  ops_.emplace(tag, std::move(op));
+  Status s = lowers_[static_cast<size_t>(tier)].store->SubmitRead(hash, dst, tag);
+  if (!s.ok()) ops_.erase(tag);
+  return s;
+}
+
 void TierMover::CountLoadHit(int tier) {
   LowerTierStats& ts = stats_.tiers[static_cast<size_t>(tier)];
   ts.hits.blocks += 1;
@@ -543,6 +557,10 @@ void TierMover::Complete(const StoreCompletion& c) {
   }
   const Op op = it->second;
   ops_.erase(it);
+  if (op.kind == OpKind::kStage) {
+    op.stage_done(c.status);
+    return;
+  }
   if (op.kind == OpKind::kLoad) {
     FinishLoad(op, draining_ && op.staging >= 0 && c.status.ok() ? Status::Cancelled("shutting down") : c.status);
     return;

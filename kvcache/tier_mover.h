@@ -130,6 +130,15 @@ class TierMover {
   // A block loaded from `tier` served a request: counts the hit.
   void CountLoadHit(int tier);
 
+  // Reads `hash` from tier `tier` into `dst` (host memory registered in the
+  // table, block_bytes long; the caller keeps it untouched until `done`),
+  // not into a device block: the cluster pool's holder stages a block held
+  // only on disk for a peer to read (cluster/kv_holder.h). `done` runs on
+  // the owner's thread from Poll() (or the destructor's drain) with the
+  // read's status. An error means nothing was queued (`done` not called).
+  using StageDoneFn = std::function<void(const Status&)>;
+  Status SubmitStage(int tier, const BlockHash& hash, const Region& dst, StageDoneFn done);
+
   // A newly named full device block: write-through tiers with admit_after 0.
   void OnCommitted(BlockId block, const BlockHash& h);
   // A block served from cache (device hit: source -1; or a finished load
@@ -161,7 +170,7 @@ class TierMover {
   bool stages_device() const { return !device_host_; }
 
  private:
-  enum class OpKind { kLoad, kWrite };
+  enum class OpKind { kLoad, kWrite, kStage };
   struct Op {
     OpKind kind;
     int tier = 0;
@@ -174,6 +183,7 @@ class TierMover {
     RequestId request = {};   // loads
     uint64_t epoch = 0;       // loads
     int32_t block_index = 0;  // loads
+    StageDoneFn stage_done = {};  // stages
   };
   // An asynchronous lookup walking the chain as LowerHits does: at `pos`,
   // tier `tier` is being asked (question tag `asking`, 0 = none).

@@ -84,38 +84,70 @@ Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& 
   pool->log = std::make_unique<kvcache::KvEventLog>(self.name, self.incarnation, static_cast<uint64_t>(epoch));
   pool->xfer = xfer;
   pool->remote = remote;
-  // On the engine thread: publish, and find the host tiers' memory.
-  struct HostTier {
-    size_t index;
-    std::string name;
-    SegmentId segment;
+  // On the engine thread: publish, and find the host and disk tiers.
+  struct Tiers {
+    struct Host {
+      size_t index;
+      std::string name;
+      SegmentId segment;
+    };
+    std::vector<Host> hosts;
+    std::vector<size_t> disks;
+    uint64_t block_bytes = 0;
+    SegmentTable* segments = nullptr;
   };
-  auto found = std::make_shared<std::promise<std::vector<HostTier>>>();
+  auto found = std::make_shared<std::promise<Tiers>>();
   auto done = found->get_future();
   if (!engine.Post([log = pool->log.get(), found](kvcache::KvManager& kv) {
         kv.SetEventLog(log);
-        std::vector<HostTier> hosts;
+        Tiers t;
+        t.block_bytes = kv.options().block_bytes;
+        t.segments = &kv.segments();
         for (size_t i = 0; i < kv.num_lower_tiers(); ++i) {
           const int tier = static_cast<int>(i) + 1;
           const auto& segs = kv.lower_store(i).own_segments();
           if (kv.tier_kind(tier) == kvcache::TierKind::kHost && !segs.empty())
-            hosts.push_back({i, std::string(kv.tier_name(tier)), segs.front()});
+            t.hosts.push_back({i, std::string(kv.tier_name(tier)), segs.front()});
+          if (kv.tier_kind(tier) == kvcache::TierKind::kDisk) t.disks.push_back(i);
         }
-        found->set_value(std::move(hosts));
+        found->set_value(std::move(t));
       }))
     return Status::Unavailable("cluster pool: the engine is stopping");
   if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready)
     return Status::Unavailable("cluster pool: the engine thread did not run the set-up task");
+  Tiers tiers = done.get();
   std::vector<cluster::ExportedTier> exported;
-  for (const HostTier& h : done.get()) {
-    if (xfer == nullptr) break;
-    const std::string name = "kv." + h.name;
-    if (auto r = xfer->ExportSegment(h.segment, name); !r) return r.error().WithContext("cluster pool: exporting " + name);
-    pool->exports.push_back(name);
-    exported.push_back({h.index, name});
+  cluster::StagingArea staging;
+  if (xfer != nullptr) {
+    for (const auto& h : tiers.hosts) {
+      const std::string name = "kv." + h.name;
+      if (auto r = xfer->ExportSegment(h.segment, name); !r)
+        return r.error().WithContext("cluster pool: exporting " + name);
+      pool->exports.push_back(name);
+      exported.push_back({h.index, name});
+    }
+    if (!tiers.disks.empty()) {
+      // Disk-only blocks are staged here for peers (cluster/kv_holder.h).
+      staging.stride = (tiers.block_bytes + 4095) / 4096 * 4096;
+      staging.block_bytes = tiers.block_bytes;
+      staging.slots = ServePool::kStagingBlocks;
+      const uint64_t bytes = staging.stride * static_cast<uint64_t>(staging.slots);
+      pool->staging.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)));
+      if (!pool->staging) return Status::ResourceExhausted("cluster pool: no memory for the staging area");
+      STRATA_ASSIGN_OR_RETURN(pool->staging_segment,
+                              tiers.segments->Register(SegmentKind::kHost, pool->staging.get(), bytes, "cluster staging"));
+      pool->segments = tiers.segments;
+      staging.segment = "kv.staging";
+      staging.segment_id = pool->staging_segment;
+      staging.base = pool->staging.get();
+      if (auto r = xfer->ExportSegment(pool->staging_segment, staging.segment); !r)
+        return r.error().WithContext("cluster pool: exporting the staging area");
+      pool->exports.push_back(staging.segment);
+    }
   }
   cluster::PostFn post = [&engine](cluster::EngineTask t) { return engine.Post(std::move(t)); };
-  pool->holder = std::make_unique<cluster::KvHolder>(pool->log.get(), std::move(post), std::move(exported));
+  pool->holder = std::make_unique<cluster::KvHolder>(pool->log.get(), std::move(post), std::move(exported),
+                                                     std::chrono::seconds(30), tiers.disks, staging);
   if (remote != nullptr) {
     cluster::DirectoryOptions d;
     d.self = self.name;
@@ -127,6 +159,12 @@ Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& 
   STRATA_LOG_INFO("cluster pool: publishing blocks as '{}'; {} host tier(s) exported{}", self.name,
                   pool->exports.size(), remote != nullptr ? "; reading peers' blocks (remote tier)" : "");
   return pool;
+}
+
+ServePool::~ServePool() {
+  holder.reset();
+  directory.reset();
+  if (segments != nullptr && IsValid(staging_segment)) (void)segments->Unregister(staging_segment);
 }
 
 void StopServing(ServePool& pool) {
@@ -157,6 +195,11 @@ std::string RenderPoolMetrics(const ServePool& pool) {
     family("strata_kv_holder_leases_expired_total", "counter", "Pin leases unpinned at their deadline.",
            static_cast<double>(h.leases_expired));
     family("strata_kv_holder_leases_active", "gauge", "Pin leases held now.", static_cast<double>(h.leases_active));
+    family("strata_kv_holder_blocks_staged_total", "counter", "Disk-only blocks staged into host memory for peers.",
+           static_cast<double>(h.blocks_staged));
+    family("strata_kv_holder_stage_failures_total", "counter",
+           "Stagings that failed (disk read error) or found no free staging slot.",
+           static_cast<double>(h.stage_failures));
   }
   if (pool.directory) {
     const cluster::DirectoryStats d = pool.directory->stats();

@@ -2,6 +2,7 @@
 // The cluster parts of `strata serve`: its transfer engine over the KV
 // manager's segments, and its registration in the metadata store.
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -47,7 +48,17 @@ struct ServePool {
   std::unique_ptr<cluster::ClusterDirectory> directory;
   cluster::RemoteStore* remote = nullptr;  // owned by the KV stack
   transfer::TransferEngine* xfer = nullptr;
-  std::vector<std::string> exports;  // export names of the host tiers
+  std::vector<std::string> exports;  // export names of the host tiers and the staging area
+  // Where disk-only blocks are staged for peers (with a disk tier and a
+  // transfer engine): kStagingBlocks slots, registered in `segments`.
+  static constexpr int kStagingBlocks = 64;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, FreeDeleter> staging;
+  SegmentTable* segments = nullptr;
+  SegmentId staging_segment;
+  ~ServePool();
 };
 
 // The store maker for OpenKvStack: a remote tier (kv.tiers {kind: remote}

@@ -204,6 +204,27 @@ TEST(RemoteTierFaults, AHolderKilledMidReadOrRestartedIsNeverTrusted) {
   for (int p : {pr, again->port("http")}) ExpectPoolEmpty(p);
 }
 
+TEST(RemoteTier, BlocksOnlyOnTheHoldersDiskAreStagedThenRead) {
+  MetadataStoreProcess store(false);
+  const std::string disk = MakeTempDir("remote-disk");
+  // A host tier of 32 blocks: three 19-block prompts push the first out to disk.
+  auto a = StartTinyServer({"--metadata", store.url(), "--instance-name", "holder", "--metadata-lease-seconds", "2",
+                            "--kv-host-bytes", "128K", "--kv-disk-path", disk, "--kv-disk-bytes", "64M"});
+  auto b = StartTinyServer(Member(store, "reader", {"--kv-remote", "--kv-load-policy", "always"}));
+  ASSERT_TRUE(a && b);
+  const int pa = a->port("http"), pb = b->port("http");
+  const Answer r1 = Complete(pa, Prompt(31));
+  Complete(pa, Prompt(32));
+  Complete(pa, Prompt(33));
+  ASSERT_TRUE(WaitIndexed(pb, "holder", 57));
+  const Answer x = Complete(pb, Prompt(31));
+  EXPECT_EQ(x.text, r1.text);
+  EXPECT_EQ(x.remote, kCachedTokens);
+  EXPECT_EQ(Metric(pa, "strata_kv_holder_blocks_staged_total"), 18) << "every block came from the holder's disk";
+  EXPECT_EQ(Metric(pa, "strata_kv_holder_leases_active"), 0);
+  for (int p : {pa, pb}) ExpectPoolEmpty(p);
+}
+
 TEST(RemoteTier, ARemoteTierOutsideAClusterIsRefusedAtStart) {
   auto model = TinyModelPath();
   ASSERT_TRUE(model.has_value());
