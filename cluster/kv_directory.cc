@@ -132,7 +132,11 @@ void ClusterDirectory::RefreshMembers() {
     for (auto& [name, info] : now) {
       auto [it, fresh] = peers_.try_emplace(name);
       it->second.info = std::move(info);
-      if (fresh) STRATA_LOG_INFO("cluster: peer '{}' at {}", name, it->second.info.http_address);
+      if (fresh) {
+        STRATA_LOG_INFO("cluster: peer '{}' at {}", name, it->second.info.http_address);
+        // Removed earlier while only unreachable or unlisted: its snapshot counts again.
+        index_.Readmit(name, it->second.info.incarnation);
+      }
     }
   }
   for (const auto& name : gone) {
@@ -151,7 +155,7 @@ bool ClusterDirectory::FetchSnapshot(const std::string& name, const std::string&
   if (!r || r->status != 200) return false;
   auto snap = SnapshotFromJson(r->body);
   if (!snap || snap->instance != name) return false;
-  index_.ApplySnapshot(*snap);
+  if (!index_.ApplySnapshot(*snap)) return false;  // stale (an older process, or one the index retired)
   std::lock_guard lock(mu_);
   ++stats_.snapshots;
   auto it = peers_.find(name);
@@ -200,7 +204,7 @@ void ClusterDirectory::PollPeer(const std::string& name) {
   for (const auto& b : reply->batches) {
     const auto res = index_.Apply(b);
     if (res == kvcache::ClusterKvIndex::ApplyResult::kNeedSnapshot ||
-        res == kvcache::ClusterKvIndex::ApplyResult::kWaiting) {
+        res == kvcache::ClusterKvIndex::ApplyResult::kWaiting || res == kvcache::ClusterKvIndex::ApplyResult::kStale) {
       need_snapshot = true;
       break;
     }

@@ -63,13 +63,16 @@ void KvHolder::Drop(Lease lease) {
   Unpin(std::move(lease.pins));
 }
 
-KvHolder::~KvHolder() {
+KvHolder::~KvHolder() { Stop(); }
+
+void KvHolder::Stop() {
+  stopped_.store(true);
   {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  timer_.join();
+  if (timer_.joinable()) timer_.join();
 }
 
 HolderStats KvHolder::stats() const {
@@ -81,6 +84,8 @@ HolderStats KvHolder::stats() const {
 
 bool KvHolder::Handle(const std::string& method, const std::string& path, const std::string& query,
                       const std::string& body, ReplyFn reply) {
+  if (path.rfind("/internal/kv/", 0) != 0) return false;
+  if (stopped_.load()) return reply(503, ErrorBody("the instance is shutting down")), true;
   const bool get = method == "GET", post = method == "POST";
   if (path == "/internal/kv/events") {
     if (!get) return reply(405, ErrorBody("use GET")), true;
@@ -178,6 +183,7 @@ void KvHolder::Resolve(const std::string& body, ReplyFn reply) {
 }
 
 void KvHolder::FinishResolve(const std::shared_ptr<PendingResolve>& p) {
+  if (stopped_.load()) return;  // shutting down: the reply would go nowhere; the stores go with the manager
   // The answer is the prefix of blocks that are ready; the rest is dropped.
   size_t n = 0;
   while (n < p->ok.size() && p->ok[n]) ++n;

@@ -26,6 +26,7 @@
 // Thread-safety: Handle and stats from any thread; replies are sent from
 // the engine thread (resolve) or the caller's.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -83,9 +84,14 @@ class KvHolder {
   KvHolder(kvcache::KvEventLog* log, PostFn post, std::vector<ExportedTier> tiers,
            std::chrono::milliseconds max_lease = std::chrono::seconds(30), std::vector<size_t> disk_tiers = {},
            StagingArea staging = {});
-  // Stops the timer. Pins still held are left to the KV manager's stores
-  // (destroyed with them).
+  // Stop(). Pins still held are left to the KV manager's stores (destroyed
+  // with them).
   ~KvHolder();
+  // Shutdown, before the KV manager drains: the timer stops, requests get
+  // 503, and resolves still waiting for a staging read are dropped without
+  // a reply when it completes. The holder must stay alive until the KV
+  // manager is destroyed (its staging callbacks may still run). Idempotent.
+  void Stop();
   KvHolder(const KvHolder&) = delete;
   KvHolder& operator=(const KvHolder&) = delete;
 
@@ -125,6 +131,7 @@ class KvHolder {
   std::condition_variable cv_;
   bool stop_ = false;
   std::map<uint64_t, Lease> leases_;
+  std::atomic<bool> stopped_{false};
   uint64_t next_lease_ = 1;
   HolderStats stats_;
   std::thread timer_;

@@ -72,7 +72,8 @@ bool RemoteStore::Contains(const BlockHash& h) const {
   ClusterDirectory* dir = directory_.load();
   if (dir == nullptr) return false;
   for (const auto& p : dir->Peers())
-    if ((dir->index().Holds(p.name, h) & kHostMask) != 0 && dir->Peer(p.name)) return true;
+    if (!p.transfer_address.empty() && (dir->index().Holds(p.name, h) & kHostMask) != 0 && dir->Peer(p.name))
+      return true;
   return false;
 }
 
@@ -82,7 +83,8 @@ size_t RemoteStore::CountPrefix(std::span<const BlockHash> chain) const {
   size_t best = 0;
   for (const auto& holder : dir->index().LongestPrefix(chain)) {
     if (holder.instance == dir->options().self || holder.blocks <= best) continue;
-    if (!dir->Peer(holder.instance)) continue;  // unknown or unreachable
+    auto peer = dir->Peer(holder.instance);
+    if (!peer || peer->transfer_address.empty()) continue;  // unknown, unreachable, or no transfer engine
     size_t n = 0;
     while (n < holder.blocks && (holder.tiers[n] & kHostMask) != 0) ++n;
     best = std::max(best, n);
@@ -294,11 +296,14 @@ void RemoteStore::ReadFrom(const transfer::InstanceInfo& holder, std::vector<Rea
       results.assign(n, batch.error());
     } else {
       transfer::BatchResult br = engine->Wait(*batch);
-      for (size_t i = 0; i < n && i < br.ops.size(); ++i) results[i] = br.ops[i];
+      for (size_t i = 0; i < n; ++i)
+        results[i] = i < br.ops.size() ? br.ops[i]
+                     : br.status.ok() ? Status::Internal("the transfer engine reported no status for the read")
+                                      : br.status;
     }
   }
-  release();
-  // 3. Check each block and complete.
+  // 3. Check each block and complete (then release the lease: the load
+  // need not wait for that round trip).
   bool any_failed = false;
   uint64_t good_bytes = 0;
   for (size_t i = 0; i < reads.size(); ++i) {
@@ -331,6 +336,7 @@ void RemoteStore::ReadFrom(const transfer::InstanceInfo& holder, std::vector<Rea
     good_bytes += options_.block_bytes;
     Finish(reads[i], Status::Ok());
   }
+  release();
   if (any_failed) peers_.erase(holder.transfer_address);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (good_bytes > 0 && secs > 0) {

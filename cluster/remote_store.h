@@ -1,21 +1,25 @@
 #pragma once
 // The remote tier (issue 18): a BlockStore, last in the KV manager's chain
 // (`{kind: remote}` in kv.tiers, or --kv-remote), whose blocks are the ones
-// other instances hold in their host tiers, as the cluster index says
+// other instances hold in their host or disk tiers (a holder stages a
+// disk-only block into host memory first), as the cluster index says
 // (cluster/kv_directory.h). Nothing is ever written to it: each instance's
 // own tiers are its share of the pool.
 //
 //   lookup   CountPrefix: the longest run of the chain that one reachable
-//            peer holds in its host tier (from the index; no network).
+//            peer with a transfer engine holds in its host or disk tier
+//            (from the index; no network).
 //   read     SubmitRead only queues; Poll() hands the queued reads to the
 //            store's worker thread as one batch (the KV manager submits a
 //            prefix's loads together). The worker picks for each block a
 //            holder (same host before other hosts, then the holder of the
-//            most of the batch), asks each holder to resolve and pin its
+//            most of the batch, then the one with more of it in its host
+//            tier rather than on disk), asks each holder to resolve and pin its
 //            blocks (POST /internal/kv/resolve, with a lease), reads the
 //            bytes with the transfer engine straight into the destination
 //            (the device block, or the mover's staging buffer), checks each
-//            block's XXH3 against the holder's, and releases the lease.
+//            block's XXH3 against the holder's, completes the reads, then
+//            releases the lease.
 //   failure  a block the holder no longer has, a timeout, a refused or
 //            failed transfer, a checksum mismatch, a dead holder: that
 //            block's read fails (the KV manager recomputes it and the rest

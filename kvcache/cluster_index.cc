@@ -149,6 +149,15 @@ void ClusterKvIndex::RemoveInstance(const std::string& instance) {
   it->second.needs_snapshot = false;
 }
 
+void ClusterKvIndex::Readmit(const std::string& instance, const std::string& incarnation) {
+  std::lock_guard lock(mu_);
+  auto it = instances_.find(instance);
+  if (it == instances_.end() || !it->second.removed || it->second.incarnation != incarnation) return;
+  it->second.removed = false;
+  it->second.applied = 0;
+  it->second.needs_snapshot = true;
+}
+
 std::vector<PrefixHolder> ClusterKvIndex::LongestPrefix(std::span<const BlockHash> chain) const {
   std::lock_guard lock(mu_);
   std::vector<PrefixHolder> out;

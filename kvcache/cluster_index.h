@@ -99,6 +99,11 @@ class ClusterKvIndex {
   // The instance left (its lease ended): forget its blocks. Its incarnation
   // (and older ones) stay retired: their late traffic is ignored.
   void RemoveInstance(const std::string& instance);
+  // The subscriber sees `instance` listed as a member again under the very
+  // incarnation it removed (it was only unreachable, or the store lost it
+  // for a while): lifts the tombstone so that a snapshot from the live
+  // process applies again. No-op for any other incarnation.
+  void Readmit(const std::string& instance, const std::string& incarnation);
 
   // Every instance holding at least the first block of `chain`, with how many
   // leading blocks it holds, longest first (ties by name).

@@ -204,7 +204,8 @@ void AdminRoutes::Lookup(const HttpRequest& req, const std::shared_ptr<ResponseW
   scheduler::EngineClient& engine = frontend_.engine();
   const std::vector<std::string> names = engine.tier_names();
   const std::vector<kvcache::TierKind> kinds = engine.tier_kinds();
-  const bool posted = engine.LookupCache(std::move(tokens), std::move(salt), [w, names, kinds](const scheduler::CacheMatch& m) {
+  json cluster = cluster_lookup_ ? cluster_lookup_(tokens, salt) : json();
+  const bool posted = engine.LookupCache(std::move(tokens), std::move(salt), [w, names, kinds, cluster = std::move(cluster)](const scheduler::CacheMatch& m) {
     // by_tier: by kind, every kind of the table present (as the API's
     // cached_tokens_by_tier); by_tier_name: by configured tier name.
     json by_tier = json::object();
@@ -216,12 +217,14 @@ void AdminRoutes::Lookup(const HttpRequest& req, const std::shared_ptr<ResponseW
       by_name[names[t]] = m.tokens_by_tier[t];
     }
     const int bs = m.block_size;
-    SendJson(w, json{{"prompt_tokens", m.prompt_tokens},
-                     {"cached_tokens", m.cached_tokens},
-                     {"blocks", bs > 0 ? m.cached_tokens / bs : 0},
-                     {"block_size", bs},
-                     {"by_tier", by_tier},
-                     {"by_tier_name", by_name}});
+    json out{{"prompt_tokens", m.prompt_tokens},
+             {"cached_tokens", m.cached_tokens},
+             {"blocks", bs > 0 ? m.cached_tokens / bs : 0},
+             {"block_size", bs},
+             {"by_tier", by_tier},
+             {"by_tier_name", by_name}};
+    if (!cluster.is_null()) out["cluster"] = cluster;
+    SendJson(w, out);
   });
   if (!posted) SendError(w, ApiError::Unavailable("the engine is shutting down"));
 }

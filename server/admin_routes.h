@@ -27,7 +27,10 @@
 //
 // Thread-safety: Handle may be called from any thread, concurrently.
 
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
@@ -49,6 +52,12 @@ class AdminRoutes {
   // will be from the engine thread. False: not an admin path, nothing sent.
   bool Handle(HttpRequest& req, const std::shared_ptr<ResponseWriter>& w);
 
+  // In a cluster: which other instances hold a prompt's prefix, and in
+  // which tiers (the cluster index), added to /admin/cache/lookup as
+  // "cluster". Called on a lane worker. Set before traffic, or never.
+  using ClusterLookupFn = std::function<nlohmann::json(const std::vector<int32_t>& tokens, const std::string& salt)>;
+  void SetClusterLookup(ClusterLookupFn fn) { cluster_lookup_ = std::move(fn); }
+
  private:
   bool Authorized(const HttpRequest& req) const;
   void Stats(const std::shared_ptr<ResponseWriter>& w);
@@ -57,6 +66,7 @@ class AdminRoutes {
 
   Frontend& frontend_;
   const std::string admin_token_;
+  ClusterLookupFn cluster_lookup_;
 };
 
 }  // namespace strata::server

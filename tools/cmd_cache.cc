@@ -123,6 +123,19 @@ void PrintLookup(const json& j) {
   const json by_tier = j.value("by_tier", json::object());
   for (const auto& [tier, n] : by_tier.items())
     std::printf("  %-8s %8.0f\n", tier.c_str(), n.is_number() ? n.get<double>() : 0.0);
+  if (j.contains("cluster") && j["cluster"].is_array()) {
+    std::printf("other instances holding the prefix (cluster index):%s\n", j["cluster"].empty() ? " none" : "");
+    for (const auto& h : j["cluster"]) {
+      std::string tiers;
+      if (h.contains("blocks_by_tier") && h["blocks_by_tier"].is_object()) {
+        for (auto it = h["blocks_by_tier"].begin(); it != h["blocks_by_tier"].end(); ++it)
+          tiers += " " + it.key() + "=" + std::to_string(it.value().is_number() ? it.value().get<int64_t>() : 0);
+      }
+      std::printf("  %-24s %6lld tokens (%lld blocks;%s)\n", h.value("instance", std::string()).c_str(),
+                  static_cast<long long>(h.value("tokens", int64_t{0})), static_cast<long long>(h.value("blocks", int64_t{0})),
+                  tiers.c_str());
+    }
+  }
 }
 
 void PrintFlush(const json& j) {

@@ -382,6 +382,13 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       return stop_early(started_pool.error());
     }
     kv_pool = std::move(*started_pool);
+    if (kv_pool->directory) {
+      admin.SetClusterLookup([p = kv_pool.get(), ns = kvcache::NamespaceDigest(m.weights.digest, c.arch,
+                                                                               f.engine.kv.dtype, f.engine.kv.block_size),
+                              bs = f.engine.kv.block_size](const std::vector<int32_t>& tokens, const std::string& salt) {
+        return ClusterLookupJson(*p->directory, kvcache::HashPrefix(ns, tokens, bs, salt), bs);
+      });
+    }
     service.SetInternalRoutes([p = kv_pool.get()](const server::HttpRequest& r,
                                                    const std::shared_ptr<server::ResponseWriter>& w) {
       return p->holder->Handle(r.method, r.path, r.query, r.body, [w](int status, std::string body) {

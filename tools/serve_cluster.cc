@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <mutex>
+#include <thread>
 
 #include "common/logging.h"
 
@@ -74,6 +76,25 @@ kvcache::StoreMaker ServeStoreMaker(bool in_cluster, const std::string& admin_to
   };
 }
 
+// The KV manager's tiers as the pool needs them (read on the engine thread).
+struct ServeTiers {
+  struct Host {
+    size_t index;
+    std::string name;
+    SegmentId segment;
+  };
+  std::vector<Host> hosts;
+  std::vector<size_t> disks;
+  uint64_t block_bytes = 0;
+  SegmentTable* segments = nullptr;
+};
+
+// The rest of StartServePool, after the log is installed: exports, the
+// staging area, the holder, the directory.
+Status FinishServePool(ServePool* pool, const ServeTiers& tiers, const transfer::InstanceInfo& self,
+                       scheduler::Engine& engine, transfer::TransferEngine* xfer, transfer::MetadataClient* meta,
+                       cluster::RemoteStore* remote, const std::string& admin_token);
+
 Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& self, scheduler::Engine& engine,
                                                   transfer::TransferEngine* xfer, transfer::MetadataClient* meta,
                                                   cluster::RemoteStore* remote, const std::string& admin_token) {
@@ -81,24 +102,24 @@ Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& 
   const auto epoch = std::chrono::duration_cast<std::chrono::milliseconds>(
                          std::chrono::system_clock::now().time_since_epoch())
                          .count();
-  pool->log = std::make_unique<kvcache::KvEventLog>(self.name, self.incarnation, static_cast<uint64_t>(epoch));
+  pool->log = std::make_shared<kvcache::KvEventLog>(self.name, self.incarnation, static_cast<uint64_t>(epoch));
   pool->xfer = xfer;
   pool->remote = remote;
   // On the engine thread: publish, and find the host and disk tiers.
-  struct Tiers {
-    struct Host {
-      size_t index;
-      std::string name;
-      SegmentId segment;
-    };
-    std::vector<Host> hosts;
-    std::vector<size_t> disks;
-    uint64_t block_bytes = 0;
-    SegmentTable* segments = nullptr;
+  using Tiers = ServeTiers;
+  // The set-up task installs the log unless the wait below gave up first
+  // (then it does nothing): the manager never keeps a log this function
+  // may free.
+  struct SetUp {
+    std::mutex mu;
+    bool cancelled = false;
+    std::promise<Tiers> found;
   };
-  auto found = std::make_shared<std::promise<Tiers>>();
-  auto done = found->get_future();
-  if (!engine.Post([log = pool->log.get(), found](kvcache::KvManager& kv) {
+  auto setup = std::make_shared<SetUp>();
+  auto done = setup->found.get_future();
+  if (!engine.Post([log = pool->log.get(), setup](kvcache::KvManager& kv) {
+        std::lock_guard lock(setup->mu);
+        if (setup->cancelled) return;
         kv.SetEventLog(log);
         Tiers t;
         t.block_bytes = kv.options().block_bytes;
@@ -110,20 +131,45 @@ Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& 
             t.hosts.push_back({i, std::string(kv.tier_name(tier)), segs.front()});
           if (kv.tier_kind(tier) == kvcache::TierKind::kDisk) t.disks.push_back(i);
         }
-        found->set_value(std::move(t));
+        setup->found.set_value(std::move(t));
       }))
     return Status::Unavailable("cluster pool: the engine is stopping");
-  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready)
-    return Status::Unavailable("cluster pool: the engine thread did not run the set-up task");
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::lock_guard lock(setup->mu);
+    if (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      setup->cancelled = true;
+      return Status::Unavailable("cluster pool: the engine thread did not run the set-up task");
+    }
+  }
   Tiers tiers = done.get();
+  auto r = FinishServePool(pool.get(), tiers, self, engine, xfer, meta, remote, admin_token);
+  if (!r.ok()) {
+    // Detach the log from the manager before it is freed with the pool.
+    auto detached = std::make_shared<std::promise<void>>();
+    auto gone = detached->get_future();
+    if (engine.Post([detached](kvcache::KvManager& kv) {
+          kv.SetEventLog(nullptr);
+          detached->set_value();
+        }))
+      gone.wait();
+    StopServing(*pool);
+    return r;
+  }
+  return pool;
+}
+
+Status FinishServePool(ServePool* pool, const ServeTiers& tiers, const transfer::InstanceInfo& self,
+                       scheduler::Engine& engine, transfer::TransferEngine* xfer, transfer::MetadataClient* meta,
+                       cluster::RemoteStore* remote, const std::string& admin_token) {
   std::vector<cluster::ExportedTier> exported;
   cluster::StagingArea staging;
   if (xfer != nullptr) {
     for (const auto& h : tiers.hosts) {
       const std::string name = "kv." + h.name;
-      if (auto r = xfer->ExportSegment(h.segment, name); !r)
-        return r.error().WithContext("cluster pool: exporting " + name);
+      auto r = xfer->ExportSegment(h.segment, name);
+      if (!r) return r.error().WithContext("cluster pool: exporting " + name);
       pool->exports.push_back(name);
+      pool->export_handles.push_back(*r);
       exported.push_back({h.index, name});
     }
     if (!tiers.disks.empty()) {
@@ -140,9 +186,10 @@ Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& 
       staging.segment = "kv.staging";
       staging.segment_id = pool->staging_segment;
       staging.base = pool->staging.get();
-      if (auto r = xfer->ExportSegment(pool->staging_segment, staging.segment); !r)
-        return r.error().WithContext("cluster pool: exporting the staging area");
+      auto r = xfer->ExportSegment(pool->staging_segment, staging.segment);
+      if (!r) return r.error().WithContext("cluster pool: exporting the staging area");
       pool->exports.push_back(staging.segment);
+      pool->export_handles.push_back(*r);
     }
   }
   cluster::PostFn post = [&engine](cluster::EngineTask t) { return engine.Post(std::move(t)); };
@@ -156,9 +203,9 @@ Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& 
     pool->directory = std::make_unique<cluster::ClusterDirectory>(d, meta);
     remote->Bind(pool->directory.get(), xfer);
   }
-  STRATA_LOG_INFO("cluster pool: publishing blocks as '{}'; {} host tier(s) exported{}", self.name,
-                  pool->exports.size(), remote != nullptr ? "; reading peers' blocks (remote tier)" : "");
-  return pool;
+  STRATA_LOG_INFO("cluster pool: publishing blocks as '{}'; exported: {}{}", self.name, pool->exports.size(),
+                  remote != nullptr ? "; reading peers' blocks (remote tier)" : "");
+  return Status::Ok();
 }
 
 ServePool::~ServePool() {
@@ -168,10 +215,37 @@ ServePool::~ServePool() {
 }
 
 void StopServing(ServePool& pool) {
-  pool.holder.reset();
-  if (pool.xfer != nullptr)
-    for (const auto& name : pool.exports) (void)pool.xfer->Unexport(name);
+  if (pool.holder) pool.holder->Stop();
+  if (pool.xfer == nullptr) return;
+  for (const auto& name : pool.exports) (void)pool.xfer->Unexport(name);
+  // No peer may still be reading that memory when it goes (bounded wait).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (uint64_t h : pool.export_handles) {
+    while (!pool.xfer->Quiesced(h) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!pool.xfer->Quiesced(h)) STRATA_LOG_WARN("cluster pool: an export was not quiesced after 5 s");
+  }
   pool.exports.clear();
+  pool.export_handles.clear();
+}
+
+nlohmann::json ClusterLookupJson(const cluster::ClusterDirectory& directory, const std::vector<BlockHash>& chain,
+                                 int block_size) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& h : directory.index().LongestPrefix(chain)) {
+    if (h.instance == directory.options().self) continue;
+    nlohmann::json by = nlohmann::json::object();
+    for (kvcache::TierKind k : kvcache::kAllTierKinds) {
+      int64_t n = 0;
+      for (kvcache::TierMask m : h.tiers) n += (m & kvcache::MaskOf(k)) != 0;
+      if (n > 0) by[std::string(kvcache::TierKindName(k))] = n;
+    }
+    out.push_back({{"instance", h.instance},
+                   {"blocks", h.blocks},
+                   {"tokens", h.blocks * static_cast<size_t>(block_size)},
+                   {"blocks_by_tier", by}});
+  }
+  return out;
 }
 
 std::string RenderPoolMetrics(const ServePool& pool) {

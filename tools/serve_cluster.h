@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cluster/kv_directory.h"
@@ -43,12 +44,13 @@ Result<std::unique_ptr<transfer::MetadataClient>> JoinCluster(const std::string&
 // and, with a remote tier, follows its peers (directory) and reads from
 // them (the remote store, owned by the KV stack).
 struct ServePool {
-  std::unique_ptr<kvcache::KvEventLog> log;
+  std::shared_ptr<kvcache::KvEventLog> log;
   std::unique_ptr<cluster::KvHolder> holder;
   std::unique_ptr<cluster::ClusterDirectory> directory;
   cluster::RemoteStore* remote = nullptr;  // owned by the KV stack
   transfer::TransferEngine* xfer = nullptr;
   std::vector<std::string> exports;  // export names of the host tiers and the staging area
+  std::vector<uint64_t> export_handles;
   // Where disk-only blocks are staged for peers (with a disk tier and a
   // transfer engine): kStagingBlocks slots, registered in `segments`.
   static constexpr int kStagingBlocks = 64;
@@ -74,10 +76,19 @@ kvcache::StoreMaker ServeStoreMaker(bool in_cluster, const std::string& admin_to
 Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& self, scheduler::Engine& engine,
                                                   transfer::TransferEngine* xfer, transfer::MetadataClient* meta,
                                                   cluster::RemoteStore* remote, const std::string& admin_token);
-// Shutdown, before the KV stack goes: no more resolves, host tiers no
-// longer exported (the directory and the transfer engine stay until the
-// stack has drained the remote tier's reads).
+// Shutdown, before the KV stack goes: no more resolves (the holder stays
+// until the pool is destroyed, after the stack: staging reads may still
+// complete into it), host tiers and the staging area no longer exported and
+// quiesced (no peer reads them any more; bounded wait), while the directory
+// and the transfer engine stay until the stack has drained the remote
+// tier's reads.
 void StopServing(ServePool& pool);
+
+// Which peers hold a prefix of `chain` (blocks of `block_size` tokens),
+// longest first: [{"instance","blocks","tokens","blocks_by_tier":{tier: n}}]
+// for /admin/cache/lookup (`strata cache lookup`).
+nlohmann::json ClusterLookupJson(const cluster::ClusterDirectory& directory, const std::vector<BlockHash>& chain,
+                                 int block_size);
 
 // The pool's metric families (docs/metrics.md: strata_kv_remote_*,
 // strata_cluster_*, strata_kv_holder_*).

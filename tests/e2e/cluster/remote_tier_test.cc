@@ -14,6 +14,7 @@
 
 #include "tests/e2e/server/serve_test_util.h"
 #include "tests/support/metadata_store.h"
+#include "tests/support/run_command.h"
 
 namespace strata::testing {
 namespace {
@@ -105,9 +106,30 @@ TEST_P(RemoteTierTest, PeersLoadABlocksOverTcpAndShmAndAnswerAlike) {
   EXPECT_EQ(Labelled(pb, "strata_transfer_bytes_total", R"(transport="shm",direction="read")"), 0);
   EXPECT_GT(Labelled(pc, "strata_transfer_bytes_total", R"(transport="shm",direction="read")"), 0);
 
+  // strata cache lookup names the instances holding the prefix, by tier.
+  {
+    std::string tokens;
+    for (const auto& t : Prompt(5)) tokens += (tokens.empty() ? "" : ",") + std::to_string(t.get<int>());
+    Complete(pa, Prompt(5));
+    ASSERT_TRUE(WaitIndexed(pb, "inst-a", 38));
+    auto r = RunCommand(StrataCli() + " cache lookup --url http://127.0.0.1:" + std::to_string(pb) +
+                        " --json --tokens " + tokens);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    json j = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    ASSERT_TRUE(j["cluster"].is_array()) << r.out;
+    ASSERT_EQ(j["cluster"].size(), 1u) << r.out;  // only A computed this prompt
+    EXPECT_EQ(j["cluster"][0]["instance"], "inst-a");
+    EXPECT_EQ(j["cluster"][0]["blocks"], 18);
+    EXPECT_EQ(j["cluster"][0]["blocks_by_tier"]["host"], 18);
+    auto text = RunCommand(StrataCli() + " cache lookup --url http://127.0.0.1:" + std::to_string(pb) +
+                           " --tokens " + tokens);
+    EXPECT_NE(text.out.find("inst-a"), std::string::npos) << text.out;
+  }
+
   // Seeded sampling: the same text from loaded blocks.
   const Answer sref = Complete(pa, Prompt(2), 1.0, 7);
-  ASSERT_TRUE(WaitIndexed(pb, "inst-a", 38));
+  ASSERT_TRUE(WaitIndexed(pb, "inst-a", 57));
   const Answer sb = Complete(pb, Prompt(2), 1.0, 7);
   EXPECT_EQ(sb.remote, kCachedTokens);
   EXPECT_EQ(sb.text, sref.text);
@@ -119,7 +141,7 @@ TEST_P(RemoteTierTest, PeersLoadABlocksOverTcpAndShmAndAnswerAlike) {
         pc, [](const std::string& t) { return Gauge(t, "strata_cluster_membership_failures_total") > 0; });
     EXPECT_GT(Gauge(m, "strata_cluster_membership_failures_total"), 0) << "C noticed that etcd is gone";
     const Answer r3 = Complete(pa, Prompt(3));
-    ASSERT_TRUE(WaitIndexed(pc, "inst-a", 57));
+    ASSERT_TRUE(WaitIndexed(pc, "inst-a", 76));
     const Answer c3 = Complete(pc, Prompt(3));
     EXPECT_EQ(c3.text, r3.text);
     EXPECT_EQ(c3.remote, kCachedTokens) << "the index keeps the known peers while etcd is down";
@@ -128,7 +150,7 @@ TEST_P(RemoteTierTest, PeersLoadABlocksOverTcpAndShmAndAnswerAlike) {
     EXPECT_EQ(store.WaitFor({"inst-a", "inst-b", "inst-c"}, 10s),
               (std::vector<std::string>{"inst-a", "inst-b", "inst-c"}));
     const Answer r4 = Complete(pa, Prompt(4));
-    ASSERT_TRUE(WaitIndexed(pb, "inst-a", 76));
+    ASSERT_TRUE(WaitIndexed(pb, "inst-a", 95));
     const Answer b4 = Complete(pb, Prompt(4));
     EXPECT_EQ(b4.text, r4.text);
     EXPECT_EQ(b4.remote, kCachedTokens);

@@ -182,6 +182,19 @@ TEST(ClusterKvIndex, ARemovedInstanceStaysGoneUntilANewIncarnation) {
   EXPECT_EQ(idx.Holds("a", H(1)), MaskOf(TierKind::kHost));
 }
 
+TEST(ClusterKvIndex, AReadmittedIncarnationTakesASnapshotAgain) {
+  ClusterKvIndex idx;
+  EXPECT_EQ(idx.Apply(Batch("a", "x1", 1, {{K::kStored, 0, TierKind::kHost}})), R::kApplied);
+  idx.RemoveInstance("a");
+  idx.Readmit("a", "x0");  // another incarnation: nothing changes
+  EXPECT_FALSE(idx.ApplySnapshot(KvSnapshot{"a", "x1", EpochOf("x1"), 5, {{H(1), TierKind::kHost}}}));
+  idx.Readmit("a", "x1");  // listed again (it was only unreachable)
+  EXPECT_TRUE(idx.ApplySnapshot(KvSnapshot{"a", "x1", EpochOf("x1"), 5, {{H(1), TierKind::kHost}}}));
+  EXPECT_EQ(idx.Holds("a", H(1)), MaskOf(TierKind::kHost));
+  EXPECT_EQ(idx.Holds("a", H(0)), 0);
+  EXPECT_EQ(idx.Apply(Batch("a", "x1", 6, {{K::kStored, 2, TierKind::kHost}})), R::kApplied);
+}
+
 TEST(ClusterKvIndex, WhileASnapshotIsAwaitedTheNewestBatchesAreKept) {
   ClusterKvIndex idx;
   EXPECT_EQ(idx.Apply(Batch("a", "x1", 1, {{K::kStored, 0, TierKind::kHost}})), R::kApplied);
