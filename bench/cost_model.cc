@@ -125,6 +125,7 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
       "instance.kv_bytes_per_token", "instance.block_size", "instance.device_bytes", "instance.host_bytes",
       "instance.disk_bytes", "instance.host_read_bytes_per_s", "instance.host_write_bytes_per_s",
       "instance.disk_read_bytes_per_s", "instance.disk_write_bytes_per_s", "instance.disk_admit_after",
+      "instance.remote", "instance.remote_read_bytes_per_s", "instance.remote_latency_us",
       "instance.max_num_seqs",
       "instance.max_batch_tokens", "instance.cost.a", "instance.cost.b", "instance.cost.c", "instance.cost.d",
       "instance.cost.e", "instance.cost.f", "instance.cost.calibrated"};
@@ -170,6 +171,13 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
   STRATA_RETURN_IF_ERROR(bw("instance.host_write_bytes_per_s", &ic.host_write_bytes_per_s));
   STRATA_RETURN_IF_ERROR(bw("instance.disk_read_bytes_per_s", &ic.disk_read_bytes_per_s));
   STRATA_RETURN_IF_ERROR(bw("instance.disk_write_bytes_per_s", &ic.disk_write_bytes_per_s));
+  STRATA_ASSIGN_OR_RETURN(ic.remote, cfg.GetBool("instance.remote", ic.remote));
+  STRATA_RETURN_IF_ERROR(bw("instance.remote_read_bytes_per_s", &ic.remote_read_bytes_per_s));
+  STRATA_ASSIGN_OR_RETURN(int64_t lat_us, cfg.GetInt("instance.remote_latency_us",
+                                                     static_cast<int64_t>(std::llround(ic.remote_latency_s * 1e6))));
+  if (lat_us < 0 || lat_us > 10000000)
+    return Status::InvalidArgument(origin + ": instance.remote_latency_us must be in [0, 10000000]");
+  ic.remote_latency_s = static_cast<double>(lat_us) / 1e6;
   STRATA_ASSIGN_OR_RETURN(int64_t admit, cfg.GetInt("instance.disk_admit_after", ic.disk_admit_after));
   if (admit < 0 || admit > 1000000)
     return Status::InvalidArgument(origin + ": instance.disk_admit_after must be in [0, 1000000]");

@@ -42,6 +42,12 @@ struct InstanceConfig {
   uint64_t disk_bytes = 0;    // 0 = no disk tier
   double host_read_bytes_per_s = 0, host_write_bytes_per_s = 0;  // 0 = instant
   double disk_read_bytes_per_s = 0, disk_write_bytes_per_s = 0;
+  // The cluster pool (docs/cluster.md): a remote tier below the local ones
+  // reading the other instances' host and disk tiers at this bandwidth
+  // plus this latency per block (the network).
+  bool remote = false;
+  double remote_read_bytes_per_s = 0;  // 0 = instant
+  double remote_latency_s = 0;
   // Hits a block needs before it is written to disk (kv.disk_admit_after);
   // 0 = every full block is written through.
   uint32_t disk_admit_after = 0;
@@ -84,6 +90,9 @@ Result<uint64_t> KvBytesPerToken(const std::string& model, const std::string& dt
 //     host_write_bytes_per_s: 50G
 //     disk_read_bytes_per_s: 6G
 //     disk_write_bytes_per_s: 3G
+//     remote: true                   # the cluster pool: read the others' tiers
+//     remote_read_bytes_per_s: 10G   # ... over this network
+//     remote_latency_us: 20          # ... with this latency per block
 //     max_num_seqs: 256
 //     max_batch_tokens: 8192
 //     cost:                          # any of a..f override the profile's

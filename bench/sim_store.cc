@@ -21,9 +21,21 @@ kvcache::StoreStats SimStore::stats() const {
   return s;
 }
 
-bool SimStore::Contains(const BlockHash& h) const { return index_.count(h) != 0; }
+bool SimStore::Contains(const BlockHash& h) const {
+  if (remote()) {
+    for (const SimStore* p : peers_)
+      if (p->Contains(h)) return true;
+    return false;
+  }
+  return index_.count(h) != 0;
+}
 
 size_t SimStore::CountPrefix(std::span<const BlockHash> chain) const {
+  if (remote()) {
+    size_t best = 0;
+    for (const SimStore* p : peers_) best = std::max(best, p->CountPrefix(chain));
+    return best;
+  }
   size_t n = 0;
   while (n < chain.size() && index_.count(chain[n]) != 0) ++n;
   return n;
@@ -41,6 +53,7 @@ int64_t SimStore::Schedule(int64_t* channel_free, double bytes_per_s) {
 
 Status SimStore::SubmitWrite(const BlockHash& h, const Sha256Digest& /*ns*/, const Region& /*src*/,
                              uint64_t tag) {
+  if (remote()) return Status::InvalidArgument("tier '" + options_.name + "' is read-only (the cluster pool)");
   const int64_t now = clock_->NowNanos();
   if (max_blocks_ == 0) {
     ++write_errors_;
@@ -57,6 +70,21 @@ Status SimStore::SubmitWrite(const BlockHash& h, const Sha256Digest& /*ns*/, con
 }
 
 Status SimStore::SubmitRead(const BlockHash& h, const Region& /*dst*/, uint64_t tag) {
+  if (remote()) {
+    SimStore* holder = nullptr;
+    for (SimStore* p : peers_)
+      if (holder == nullptr && p->Contains(h)) holder = p;
+    if (holder == nullptr) {
+      pending_.push({clock_->NowNanos(), next_seq_++, tag, false, h, Status::NotFound("no peer holds the block")});
+      return Status::Ok();
+    }
+    holder->Touch(h);
+    ++remote_reads_;
+    const int64_t done = Schedule(&read_free_nanos_, options_.read_bytes_per_s) +
+                         static_cast<int64_t>(std::llround(options_.latency_s * 1e9));
+    pending_.push({done, next_seq_++, tag, false, h, Status::Ok()});
+    return Status::Ok();
+  }
   if (index_.count(h) == 0) {
     pending_.push({clock_->NowNanos(), next_seq_++, tag, false, h, Status::NotFound("block not in tier '" + options_.name + "'")});
     return Status::Ok();

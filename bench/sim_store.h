@@ -13,6 +13,14 @@
 // touches the block (LRU). Eviction: least recently used, when a write
 // completes into a full store. capacity 0 = the tier is off (writes fail).
 //
+// Remote mode (kind kRemote, the cluster pool): the store holds nothing of
+// its own; its blocks are its peers' (SetPeers: the other instances' host
+// and disk SimStores, as the cluster index would say). CountPrefix is the
+// longest prefix one peer holds; a read touches the holder's block (a use)
+// and takes latency_s + block_bytes / read_bytes_per_s on this store's
+// channel (the transfer). Writes are refused (read-only, as the remote
+// tier).
+//
 // Unlike HostStore's metadata-only mode (instant operations), this lets tier
 // bandwidth show up in simulated TTFT: the engine does not run a request
 // until its loads complete.
@@ -40,6 +48,7 @@ struct SimStoreOptions {
   double read_bytes_per_s = 0;   // 0 = instant
   double write_bytes_per_s = 0;  // 0 = instant
   kvcache::TierKind kind = kvcache::TierKind::kHost;
+  double latency_s = 0;  // remote mode: per read, on top of the bandwidth
 };
 
 class SimStore final : public kvcache::BlockStore {
@@ -64,6 +73,12 @@ class SimStore final : public kvcache::BlockStore {
 
   Status Remove(const BlockHash& h) override;
   Status Flush(const Sha256Digest* ns) override;
+
+  // Remote mode: the stores whose blocks this one reads (not owned; they
+  // outlive it).
+  void SetPeers(std::vector<SimStore*> peers) { peers_ = std::move(peers); }
+  // Remote mode: blocks read from each peer's tiers so far.
+  uint64_t remote_reads() const { return remote_reads_; }
 
   // Clock time of the earliest pending completion; INT64_MAX when none.
   int64_t next_completion_nanos() const;
@@ -95,6 +110,9 @@ class SimStore final : public kvcache::BlockStore {
   int64_t read_free_nanos_ = 0, write_free_nanos_ = 0;
   uint64_t next_seq_ = 0;
   uint64_t evictions_ = 0, write_errors_ = 0;
+  std::vector<SimStore*> peers_;  // remote mode
+  uint64_t remote_reads_ = 0;
+  bool remote() const { return options_.kind == kvcache::TierKind::kRemote; }
 };
 
 }  // namespace strata::bench

@@ -136,6 +136,14 @@ std::vector<kvcache::TierSpec> SimTierSpecs(const InstanceConfig& ic) {
     d.source = "instance.disk_bytes";
     specs.push_back(std::move(d));
   }
+  if (ic.remote) {
+    kvcache::TierSpec r;
+    r.kind = kvcache::TierKind::kRemote;
+    r.name = "remote";
+    r.write_policy = kvcache::WritePolicy::kNone;
+    r.source = "instance.remote";
+    specs.push_back(std::move(r));
+  }
   return specs;
 }
 
@@ -144,13 +152,15 @@ kvcache::StoreMaker SimStoreMaker(const InstanceConfig& ic, kvcache::Clock* cloc
   return [&ic, clock](const kvcache::TierSpec& spec, uint64_t block_bytes)
              -> Result<std::unique_ptr<kvcache::BlockStore>> {
     const bool host = spec.kind == kvcache::TierKind::kHost;
+    const bool remote = spec.kind == kvcache::TierKind::kRemote;
     SimStoreOptions so;
     so.name = spec.name;
     so.kind = spec.kind;
     so.capacity_bytes = spec.bytes;
     so.block_bytes = block_bytes;
-    so.read_bytes_per_s = host ? ic.host_read_bytes_per_s : ic.disk_read_bytes_per_s;
+    so.read_bytes_per_s = remote ? ic.remote_read_bytes_per_s : host ? ic.host_read_bytes_per_s : ic.disk_read_bytes_per_s;
     so.write_bytes_per_s = host ? ic.host_write_bytes_per_s : ic.disk_write_bytes_per_s;
+    so.latency_s = remote ? ic.remote_latency_s : 0;
     return std::unique_ptr<kvcache::BlockStore>(std::make_unique<SimStore>(so, clock));
   };
 }
@@ -193,8 +203,12 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     const std::vector<kvcache::TierSpec> specs = o.unlimited_cache ? std::vector<kvcache::TierSpec>{} : SimTierSpecs(ic);
     STRATA_ASSIGN_OR_RETURN(kvcache::OpenedTiers tiers,
                             kvcache::OpenTiers(specs, block_bytes, SimStoreMaker(ic, &clock)));
-    for (kvcache::LowerTier& t : tiers.lowers)
-      t.read_bytes_per_s = t.store->kind() == kvcache::TierKind::kHost ? ic.host_read_bytes_per_s : ic.disk_read_bytes_per_s;
+    for (kvcache::LowerTier& t : tiers.lowers) {
+      const kvcache::TierKind k = t.store->kind();
+      t.read_bytes_per_s = k == kvcache::TierKind::kHost   ? ic.host_read_bytes_per_s
+                           : k == kvcache::TierKind::kDisk ? ic.disk_read_bytes_per_s
+                                                           : ic.remote_read_bytes_per_s;
+    }
     in.stores = std::move(tiers.stores);
     STRATA_ASSIGN_OR_RETURN(in.kv,
                             kvcache::KvManager::Create(ko, kvcache::BlockMemoryFn{}, std::move(tiers.lowers), &clock));
@@ -205,6 +219,22 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     eo.max_waiting = std::max(1, o.max_waiting);
     STRATA_ASSIGN_OR_RETURN(in.engine,
                             scheduler::Engine::Create(eo, in.runner.get(), in.kv.get(), tokenizer.get(), &clock));
+  }
+  // The cluster pool: each instance's remote tier reads the others' host and disk tiers.
+  for (size_t i = 0; i < inst.size(); ++i) {
+    SimStore* remote = nullptr;
+    std::vector<SimStore*> peers;
+    for (size_t j = 0; j < inst.size(); ++j) {
+      for (const auto& s : inst[j].stores) {
+        auto* st = static_cast<SimStore*>(s.get());
+        if (st->kind() == kvcache::TierKind::kRemote) {
+          if (j == i) remote = st;
+        } else if (j != i) {
+          peers.push_back(st);
+        }
+      }
+    }
+    if (remote != nullptr) remote->SetPeers(std::move(peers));
   }
   const size_t num_tiers = 1 + inst[0].kv->num_lower_tiers();
 

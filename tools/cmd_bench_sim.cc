@@ -39,6 +39,7 @@ struct SimFlags {
   int max_waiting = 1024;
   std::string sweep_device_bytes, sweep_host_bytes, sweep_disk_admit_after;
   int disk_admit_after = -1;
+  std::string remote;  // "true" | "false": override the cluster pool; empty = keep
   // Overrides of the cluster file / profile; empty or 0 = keep.
   int instances = 0;
   std::string routing, device_bytes, host_bytes, disk_bytes;
@@ -134,6 +135,7 @@ int RunSimulate(const SimFlags& f) {
     *field = *v;
   }
   if (f.disk_admit_after >= 0) o.cluster.instance.disk_admit_after = static_cast<uint32_t>(f.disk_admit_after);
+  if (!f.remote.empty()) o.cluster.instance.remote = f.remote == "true";
   o.unlimited_cache = f.unlimited_cache;
   o.serial = f.serial;
   o.concurrency = f.concurrency;
@@ -324,6 +326,10 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
       ->capture_default_str();
   sim->add_option("--sweep-device-bytes", f->sweep_device_bytes, "also run at each device size: 1G,2G,4G,...");
   sim->add_option("--sweep-host-bytes", f->sweep_host_bytes, "also run at each host-tier size: 8G,16G,...");
+  sim->add_option("--remote", f->remote,
+                  "override the cluster pool: true = each instance also reads the others' host and disk tiers "
+                  "(instance.remote)")
+      ->check(CLI::IsMember({"true", "false"}));
   sim->add_option("--disk-admit-after", f->disk_admit_after,
                   "override each instance's disk admission (hits before a block is written to disk; 0 = all)")
       ->check(CLI::Range(0, 1000000));

@@ -237,6 +237,62 @@ TEST(SimulatorTest, PercentileInterpolatesBetweenClosestRanks) {
   EXPECT_DOUBLE_EQ(Percentile({0, 10}, 90), 9.0);
 }
 
+// The cluster pool (issue 18): four instances behind a cache-unaware
+// router, each with a host tier of S/4. Private tiers see a quarter of the
+// traffic each and stay under 0.6 of the ideal; pooled (each also reads the
+// other three's tiers) the same total size reaches the ideal.
+TEST(SimulatorTest, APooledRemoteTierReachesTheIdealWherePrivateTiersCannot) {
+  SimOptions o = OneBlockPerId();
+  o.serial = true;
+  o.cluster.instances = 4;
+  o.cluster.routing = Routing::kRoundRobin;
+  o.cluster.instance.device_bytes = Blocks(o, 512);
+  o.cluster.instance.host_bytes = Blocks(o, 16384);
+  o.cluster.instance.disk_bytes = 0;
+  o.cluster.instance.remote_read_bytes_per_s = 10e9;
+  o.cluster.instance.remote_latency_s = 20e-6;
+  auto priv = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(priv.ok()) << priv.error().ToString();
+  o.cluster.instance.remote = true;
+  auto pooled = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(pooled.ok()) << pooled.error().ToString();
+  const double ideal = pooled->ideal_hit_ratio_blocks;
+  EXPECT_LT(priv->hit_ratio_blocks, 0.6 * ideal);
+  EXPECT_GE(pooled->hit_ratio_blocks, 0.95 * ideal);
+  ASSERT_EQ(pooled->tiers.size(), 3u);
+  EXPECT_EQ(pooled->tiers[2].name, "remote");
+  EXPECT_GT(pooled->tiers[2].hit_blocks, 0u);
+}
+
+TEST(SimStoreTest, ARemoteStoreReadsItsPeersBlocksAfterTheNetworkDelay) {
+  kvcache::ManualClock clock(0);
+  SimStore peer({"host", 4000, 1000, 0, 0}, &clock);  // instant local tier
+  SimStoreOptions ro{"remote", 0, 1000, 1000.0, 0, kvcache::TierKind::kRemote, 0.5};  // 1 s per block + 0.5 s
+  SimStore remote(ro, &clock);
+  remote.SetPeers({&peer});
+  BlockHash a, b;
+  a.digest[0] = 1;
+  b.digest[0] = 2;
+  ASSERT_TRUE(peer.SubmitWrite(a, {}, {}, 1).ok());
+  std::vector<kvcache::StoreCompletion> out;
+  peer.Poll(&out);
+  const BlockHash chain[] = {a, b};
+  EXPECT_EQ(remote.CountPrefix(chain), 1u);
+  EXPECT_TRUE(remote.Contains(a));
+  EXPECT_FALSE(remote.SubmitWrite(b, {}, {}, 2).ok()) << "read-only";
+  out.clear();
+  ASSERT_TRUE(remote.SubmitRead(a, {}, 3).ok());
+  ASSERT_TRUE(remote.SubmitRead(b, {}, 4).ok());  // nobody holds it: NotFound at once
+  EXPECT_EQ(remote.Poll(&out), 1u);
+  EXPECT_EQ(out[0].tag, 4u);
+  EXPECT_FALSE(out[0].status.ok());
+  EXPECT_EQ(remote.next_completion_nanos(), 1'500'000'000);
+  clock.Advance(1'500'000'000);
+  EXPECT_EQ(remote.Poll(&out), 1u);
+  EXPECT_TRUE(out[1].status.ok());
+  EXPECT_EQ(remote.remote_reads(), 1u);
+}
+
 TEST(SimStoreTest, CompletesAfterTheBandwidthDelayAndEvictsLru) {
   kvcache::ManualClock clock(0);
   SimStore s({"host", 2000, 1000, 1000.0, 500.0}, &clock);  // 2 blocks; read 1 s, write 2 s per block
