@@ -207,6 +207,9 @@ TEST(RemoteTierFaults, AHolderKilledMidReadOrRestartedIsNeverTrusted) {
   const Answer x = pending.get();
   EXPECT_EQ(x.text, r1.text) << "recomputed, exact";
   EXPECT_EQ(x.remote, 0);
+  EXPECT_GE(Metric(pr, "strata_kv_remote_transfer_failures_total") + Metric(pr, "strata_kv_remote_holder_failures_total"),
+            1)
+      << "the failed reads are counted";
 
   // The holder comes back under the same name, without those blocks: the
   // reader must not serve them (recomputes), and answers exactly.
