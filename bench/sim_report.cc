@@ -23,6 +23,9 @@ nlohmann::json Figures(const SimResult& r) {
   j["ideal_hit_ratio_blocks"] = r.ideal_hit_ratio_blocks;
   j["achievable_hit_ratio_blocks"] = r.achievable_hit_ratio_blocks;
   j["lost_to_overlap"] = r.lost_to_overlap;
+  j["lru_hit_ratio_blocks"] = r.lru_hit_ratio_blocks;
+  j["belady_hit_ratio_blocks"] = r.belady_hit_ratio_blocks;
+  j["reference_capacity_ids"] = r.reference_capacity_ids;
   j["prompt_tokens"] = r.prompt_tokens;
   j["cached_tokens"] = r.cached_tokens;
   j["completion_tokens"] = r.completion_tokens;
@@ -150,6 +153,9 @@ std::string SimReportText(const SimOptions& o, const SimResult& r, const std::st
        ", achievable at this block size " + Fmt("%.6f", r.achievable_hit_ratio_blocks) +
        (o.serial ? "" : ", lost to overlap " + Fmt("%.6f", r.lost_to_overlap)) + "), tokens " +
        Fmt("%.6f", r.hit_ratio_tokens) + "\n";
+  s += "  one flat cache of the same total size (" + std::to_string(r.reference_capacity_ids) +
+       " hash ids), serial: LRU " + Fmt("%.6f", r.lru_hit_ratio_blocks) + ", Belady MIN " +
+       Fmt("%.6f", r.belady_hit_ratio_blocks) + "\n";
   s += "  by tier (tokens):";
   for (const SimTier& t : r.tiers)
     s += " " + t.name + " " +

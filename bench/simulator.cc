@@ -1,5 +1,7 @@
 #include "bench/simulator.h"
 
+#include "bench/cache_reference.h"
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -502,6 +504,21 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   res.achievable_hit_ratio_blocks = res.total_ids ? static_cast<double>(achievable) / total : 0;
   res.hit_ratio_blocks = res.total_ids ? static_cast<double>(res.served_ids) / total : 0;
   res.lost_to_overlap = o.serial ? 0.0 : res.achievable_hit_ratio_blocks - res.hit_ratio_blocks;
+  {
+    // The offline references over the same requests, one flat cache of the
+    // cluster's total size.
+    std::vector<TraceRequest> run;
+    for (size_t i = 0; i < n; ++i)
+      if (!pend[i].skipped) run.push_back(head[i]);
+    const uint64_t per_instance = static_cast<uint64_t>(device_blocks) +
+                                  (o.unlimited_cache || block_bytes == 0 ? 0 : (ic.host_bytes + ic.disk_bytes) / block_bytes);
+    const int tokens_per_id = o.tokens_per_hash_id > 0 ? o.tokens_per_hash_id : kTraceTokensPerHashId;
+    const uint64_t blocks_per_id = static_cast<uint64_t>((tokens_per_id + bs - 1) / bs);
+    res.reference_capacity_ids = per_instance * static_cast<uint64_t>(o.cluster.instances) / blocks_per_id;
+    const auto chains = ChainUnits(run);
+    res.lru_hit_ratio_blocks = LruReference(chains, res.reference_capacity_ids).ratio();
+    res.belady_hit_ratio_blocks = BeladyReference(chains, res.reference_capacity_ids).ratio();
+  }
   res.hit_ratio_tokens =
       res.prompt_tokens ? static_cast<double>(res.cached_tokens) / static_cast<double>(res.prompt_tokens) : 0;
   if (!ttft.empty()) {

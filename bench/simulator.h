@@ -100,6 +100,13 @@ struct SimResult {
   // tiers it includes what capacity lost; with --unlimited-cache it is
   // overlap alone.
   double lost_to_overlap = 0;
+  // Offline references (bench/cache_reference.h): one flat cache of the
+  // cluster's total size (every instance's device + host + disk blocks, in
+  // hash-id units of tokens_per_hash_id / block_size blocks), serial order,
+  // the same semantics as hit_ratio_blocks, with LRU and with Belady MIN.
+  double lru_hit_ratio_blocks = 0;
+  double belady_hit_ratio_blocks = 0;
+  uint64_t reference_capacity_ids = 0;
   uint64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   double hit_ratio_tokens = 0;
   double ttft_mean_s = 0, ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0;
