@@ -1,5 +1,7 @@
 #include "bench/cost_model.h"
 
+#include "kvcache/kv_config.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -126,6 +128,7 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
       "instance.disk_bytes", "instance.host_read_bytes_per_s", "instance.host_write_bytes_per_s",
       "instance.disk_read_bytes_per_s", "instance.disk_write_bytes_per_s", "instance.disk_admit_after",
       "instance.remote", "instance.remote_read_bytes_per_s", "instance.remote_latency_us",
+      "instance.host_write_policy", "instance.disk_write_policy",
       "instance.max_num_seqs",
       "instance.max_batch_tokens", "instance.cost.a", "instance.cost.b", "instance.cost.c", "instance.cost.d",
       "instance.cost.e", "instance.cost.f", "instance.cost.calibrated"};
@@ -171,6 +174,15 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
   STRATA_RETURN_IF_ERROR(bw("instance.host_write_bytes_per_s", &ic.host_write_bytes_per_s));
   STRATA_RETURN_IF_ERROR(bw("instance.disk_read_bytes_per_s", &ic.disk_read_bytes_per_s));
   STRATA_RETURN_IF_ERROR(bw("instance.disk_write_bytes_per_s", &ic.disk_write_bytes_per_s));
+  for (auto [key, field] : {std::pair{"instance.host_write_policy", &ic.host_write_policy},
+                             std::pair{"instance.disk_write_policy", &ic.disk_write_policy}}) {
+    if (!cfg.Has(key)) continue;
+    STRATA_ASSIGN_OR_RETURN(std::string text, cfg.GetString(key, ""));
+    auto wp = kvcache::ParseWritePolicy(text);
+    if (!wp.ok() || *wp == kvcache::WritePolicy::kNone)
+      return Status::InvalidArgument(origin + ": " + key + " must be write-through or write-back, not '" + text + "'");
+    *field = *wp;
+  }
   STRATA_ASSIGN_OR_RETURN(ic.remote, cfg.GetBool("instance.remote", ic.remote));
   STRATA_RETURN_IF_ERROR(bw("instance.remote_read_bytes_per_s", &ic.remote_read_bytes_per_s));
   STRATA_ASSIGN_OR_RETURN(int64_t lat_us, cfg.GetInt("instance.remote_latency_us",

@@ -19,6 +19,7 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "kvcache/kv_types.h"
 #include "scheduler/router.h"
 
 namespace strata::bench {
@@ -45,6 +46,11 @@ struct InstanceConfig {
   // The cluster pool (docs/cluster.md): a remote tier below the local ones
   // reading the other instances' host and disk tiers at this bandwidth
   // plus this latency per block (the network).
+  // Write policy of the host and disk tiers (kvcache/kv_types.h):
+  // write-through (default, inclusive) or write-back (a block goes down
+  // only when evicted from above: an exclusive hierarchy).
+  kvcache::WritePolicy host_write_policy = kvcache::WritePolicy::kWriteThrough;
+  kvcache::WritePolicy disk_write_policy = kvcache::WritePolicy::kWriteThrough;
   bool remote = false;
   double remote_read_bytes_per_s = 0;  // 0 = instant
   double remote_latency_s = 0;
@@ -90,6 +96,7 @@ Result<uint64_t> KvBytesPerToken(const std::string& model, const std::string& dt
 //     host_write_bytes_per_s: 50G
 //     disk_read_bytes_per_s: 6G
 //     disk_write_bytes_per_s: 3G
+//     host_write_policy: write-back  # or write-through (the default); also disk_write_policy
 //     remote: true                   # the cluster pool: read the others' tiers
 //     remote_read_bytes_per_s: 10G   # ... over this network
 //     remote_latency_us: 20          # ... with this latency per block

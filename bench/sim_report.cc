@@ -7,6 +7,8 @@
 
 #include "bench/simulator.h"
 
+#include "kvcache/kv_config.h"
+
 namespace strata::bench {
 namespace {
 
@@ -99,6 +101,8 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
                   {"host_read_bytes_per_s", ic.host_read_bytes_per_s},
                   {"disk_read_bytes_per_s", ic.disk_read_bytes_per_s},
                   {"disk_admit_after", ic.disk_admit_after},
+                  {"host_write_policy", std::string(kvcache::WritePolicyName(ic.host_write_policy))},
+                  {"disk_write_policy", std::string(kvcache::WritePolicyName(ic.disk_write_policy))},
                   {"remote", ic.remote},
                   {"remote_read_bytes_per_s", ic.remote_read_bytes_per_s},
                   {"remote_latency_s", ic.remote_latency_s},

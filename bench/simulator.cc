@@ -125,6 +125,7 @@ std::vector<kvcache::TierSpec> SimTierSpecs(const InstanceConfig& ic) {
     h.kind = kvcache::TierKind::kHost;
     h.name = "host";
     h.bytes = ic.host_bytes;
+    h.write_policy = ic.host_write_policy;
     h.source = "instance.host_bytes";
     specs.push_back(std::move(h));
   }
@@ -135,6 +136,7 @@ std::vector<kvcache::TierSpec> SimTierSpecs(const InstanceConfig& ic) {
     d.bytes = ic.disk_bytes;
     d.path = "(simulated)";
     d.admit_after = ic.disk_admit_after;
+    d.write_policy = ic.disk_write_policy;
     d.source = "instance.disk_bytes";
     specs.push_back(std::move(d));
   }

@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "common/thread_pool.h"
 #include "model/model_loader.h"
+#include "kvcache/kv_config.h"
 #include "tools/commands.h"
 
 namespace strata::cli {
@@ -40,6 +41,7 @@ struct SimFlags {
   std::string sweep_device_bytes, sweep_host_bytes, sweep_disk_admit_after;
   int disk_admit_after = -1;
   std::string remote;  // "true" | "false": override the cluster pool; empty = keep
+  std::string host_write_policy, disk_write_policy;  // overrides; empty = keep
   // Overrides of the cluster file / profile; empty or 0 = keep.
   int instances = 0;
   std::string routing, device_bytes, host_bytes, disk_bytes;
@@ -136,6 +138,10 @@ int RunSimulate(const SimFlags& f) {
   }
   if (f.disk_admit_after >= 0) o.cluster.instance.disk_admit_after = static_cast<uint32_t>(f.disk_admit_after);
   if (!f.remote.empty()) o.cluster.instance.remote = f.remote == "true";
+  if (!f.host_write_policy.empty())
+    o.cluster.instance.host_write_policy = *kvcache::ParseWritePolicy(f.host_write_policy);  // checked by the flag
+  if (!f.disk_write_policy.empty())
+    o.cluster.instance.disk_write_policy = *kvcache::ParseWritePolicy(f.disk_write_policy);
   o.unlimited_cache = f.unlimited_cache;
   o.serial = f.serial;
   o.concurrency = f.concurrency;
@@ -326,6 +332,12 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
       ->capture_default_str();
   sim->add_option("--sweep-device-bytes", f->sweep_device_bytes, "also run at each device size: 1G,2G,4G,...");
   sim->add_option("--sweep-host-bytes", f->sweep_host_bytes, "also run at each host-tier size: 8G,16G,...");
+  sim->add_option("--host-write-policy", f->host_write_policy,
+                  "override the host tier's write policy (write-back: blocks go down only when evicted from the "
+                  "device; an exclusive hierarchy)")
+      ->check(CLI::IsMember({"write-through", "write-back"}));
+  sim->add_option("--disk-write-policy", f->disk_write_policy, "override the disk tier's write policy")
+      ->check(CLI::IsMember({"write-through", "write-back"}));
   sim->add_option("--remote", f->remote,
                   "override the cluster pool: true = each instance also reads the others' host and disk tiers "
                   "(instance.remote)")
