@@ -379,6 +379,25 @@ TEST(ClusterConfigTest, ParsesOverridesAndRejectsUnknownKeys) {
   auto bad_routing = Config::Parse("routing: random\n", "c.yaml");
   ASSERT_TRUE(bad_routing.ok());
   EXPECT_FALSE(ParseClusterConfig(*bad_routing, "").ok());
+
+  auto pool = Config::Parse(
+      "instance:\n  host_write_policy: write-back\n  remote: true\n  remote_read_bytes_per_s: 10G\n"
+      "  remote_latency_us: 20\n",
+      "c.yaml");
+  ASSERT_TRUE(pool.ok());
+  auto pc = ParseClusterConfig(*pool, "");
+  ASSERT_TRUE(pc.ok()) << pc.error().ToString();
+  EXPECT_EQ(pc->instance.host_write_policy, kvcache::WritePolicy::kWriteBack);
+  EXPECT_EQ(pc->instance.disk_write_policy, kvcache::WritePolicy::kWriteThrough);
+  EXPECT_TRUE(pc->instance.remote);
+  EXPECT_EQ(pc->instance.remote_read_bytes_per_s, double(uint64_t{10} << 30));
+  EXPECT_DOUBLE_EQ(pc->instance.remote_latency_s, 20e-6);
+  for (const char* text : {"instance:\n  host_write_policy: none\n", "instance:\n  disk_write_policy: lazy\n",
+                           "instance:\n  remote_latency_us: -1\n"}) {
+    auto b = Config::Parse(text, "c.yaml");
+    ASSERT_TRUE(b.ok());
+    EXPECT_FALSE(ParseClusterConfig(*b, "").ok()) << text;
+  }
 }
 
 TEST(ClusterConfigTest, CalibratedCostFileAndExampleFile) {
