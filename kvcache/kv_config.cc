@@ -249,27 +249,17 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
     c->lookup_timeout_ms = static_cast<int>(v);
     return Status::Ok();
   }
+  auto boolean = [&](bool* dst) -> Status {
+    if (text != "true" && text != "false") return Bad(flag, "must be true or false, not '" + text + "'");
+    *dst = text == "true";
+    return Status::Ok();
+  };
   if (flag == "--kv-remote") {
-    if (text == "true") {
-      c->remote = true;
-      c->tiers_configured = true;
-    } else if (text == "false") {
-      c->remote = false;
-    } else {
-      return Bad(flag, "must be true or false, not '" + text + "'");
-    }
+    STRATA_RETURN_IF_ERROR(boolean(&c->remote));
+    if (c->remote) c->tiers_configured = true;
     return Status::Ok();
   }
-  if (flag == "--kv-host-pin") {
-    if (text == "true") {
-      c->host_pin = true;
-    } else if (text == "false") {
-      c->host_pin = false;
-    } else {
-      return Bad(flag, "must be true or false, not '" + text + "'");
-    }
-    return Status::Ok();
-  }
+  if (flag == "--kv-host-pin") return boolean(&c->host_pin);
   return Status::InvalidArgument("unknown kv flag " + std::string(flag));
 }
 

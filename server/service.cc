@@ -52,21 +52,21 @@ void Service::SetBackend(Frontend* frontend, OpenAiRoutes* openai, AdminRoutes* 
 
 void Service::SetDraining() { draining_.store(true); }
 
-bool Service::Authorized(const HttpRequest& req) const {
-  if (options_.api_key.empty()) return true;
+namespace {
+// Whether `req` carries "Authorization: Bearer SECRET" (always, when the
+// secret is empty: that route is open).
+bool BearerMatches(const HttpRequest& req, const std::string& secret) {
+  if (secret.empty()) return true;
   const std::string auth = req.header("authorization");
   const std::string prefix = "Bearer ";
   if (auth.size() <= prefix.size() || auth.compare(0, prefix.size(), prefix) != 0) return false;
-  return SecretEquals(auth.substr(prefix.size()), options_.api_key);
+  return SecretEquals(auth.substr(prefix.size()), secret);
 }
+}  // namespace
 
-bool Service::AdminAuthorized(const HttpRequest& req) const {
-  if (options_.admin_token.empty()) return true;
-  const std::string auth = req.header("authorization");
-  const std::string prefix = "Bearer ";
-  if (auth.size() <= prefix.size() || auth.compare(0, prefix.size(), prefix) != 0) return false;
-  return SecretEquals(auth.substr(prefix.size()), options_.admin_token);
-}
+bool Service::Authorized(const HttpRequest& req) const { return BearerMatches(req, options_.api_key); }
+
+bool Service::AdminAuthorized(const HttpRequest& req) const { return BearerMatches(req, options_.admin_token); }
 
 void Service::Handle(HttpRequest&& req, std::shared_ptr<ResponseWriter> w) {
   const std::string retry = std::to_string(options_.retry_after_seconds);

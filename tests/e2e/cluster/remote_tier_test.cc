@@ -250,6 +250,23 @@ TEST(RemoteTier, BlocksOnlyOnTheHoldersDiskAreStagedThenRead) {
   for (int p : {pa, pb}) ExpectPoolEmpty(p);
 }
 
+TEST(RemoteTier, PeerRoutesNeedTheAdminTokenThePeersShare) {
+  MetadataStoreProcess store(false);
+  auto a = StartTinyServer(Member(store, "holder", {"--admin-token", "s3cret"}));
+  auto b = StartTinyServer(Member(store, "reader", {"--admin-token", "s3cret", "--kv-remote", "--kv-load-policy", "always"}));
+  ASSERT_TRUE(a && b);
+  const int pa = a->port("http");
+  EXPECT_EQ(SimpleHttp(pa, "GET", "/internal/kv/snapshot").status, 401);
+  EXPECT_EQ(SimpleHttp(pa, "GET", "/internal/kv/snapshot", "", {"Authorization: Bearer wrong"}).status, 401);
+  EXPECT_EQ(SimpleHttp(pa, "GET", "/internal/kv/snapshot", "", {"Authorization: Bearer s3cret"}).status, 200);
+  EXPECT_EQ(SimpleHttp(pa, "POST", "/internal/kv/resolve", "{}", {"Authorization: Bearer s3cret"}).status, 400);
+  const Answer r = Complete(pa, Prompt(41));
+  ASSERT_TRUE(WaitIndexed(b->port("http"), "holder", 19));
+  const Answer x = Complete(b->port("http"), Prompt(41));
+  EXPECT_EQ(x.text, r.text);
+  EXPECT_EQ(x.remote, kCachedTokens);
+}
+
 TEST(RemoteTier, ARemoteTierOutsideAClusterIsRefusedAtStart) {
   auto model = TinyModelPath();
   ASSERT_TRUE(model.has_value());
