@@ -508,18 +508,29 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   res.lost_to_overlap = o.serial ? 0.0 : res.achievable_hit_ratio_blocks - res.hit_ratio_blocks;
   {
     // The offline references over the same requests, one flat cache of the
-    // cluster's total size.
+    // cluster's total size (every tier's blocks summed, as if exclusive).
+    // Each request's ids stop where the engine could serve no more of them
+    // (a trailing id without a full block of its own), as ids_covered says.
     std::vector<TraceRequest> run;
-    for (size_t i = 0; i < n; ++i)
-      if (!pend[i].skipped) run.push_back(head[i]);
+    for (size_t i = 0; i < n; ++i) {
+      if (pend[i].skipped) continue;
+      TraceRequest r = head[i];
+      const uint32_t coverable = ids_covered(pend[i], FloorTo(pend[i].prompt_len, bs));
+      r.hash_ids.resize(std::min<size_t>(r.hash_ids.size(), coverable));
+      run.push_back(std::move(r));
+    }
     const uint64_t per_instance = static_cast<uint64_t>(device_blocks) +
                                   (o.unlimited_cache || block_bytes == 0 ? 0 : (ic.host_bytes + ic.disk_bytes) / block_bytes);
-    const int tokens_per_id = o.tokens_per_hash_id > 0 ? o.tokens_per_hash_id : kTraceTokensPerHashId;
-    const uint64_t blocks_per_id = static_cast<uint64_t>((tokens_per_id + bs - 1) / bs);
-    res.reference_capacity_ids = per_instance * static_cast<uint64_t>(o.cluster.instances) / blocks_per_id;
+    const uint64_t tokens_per_id =
+        static_cast<uint64_t>(o.tokens_per_hash_id > 0 ? o.tokens_per_hash_id : kTraceTokensPerHashId);
+    res.reference_capacity_ids =
+        per_instance * static_cast<uint64_t>(o.cluster.instances) * static_cast<uint64_t>(bs) / tokens_per_id;
     const auto chains = ChainUnits(run);
-    res.lru_hit_ratio_blocks = LruReference(chains, res.reference_capacity_ids).ratio();
-    res.belady_hit_ratio_blocks = BeladyReference(chains, res.reference_capacity_ids).ratio();
+    ReferenceHits lru = LruReference(chains, res.reference_capacity_ids);
+    ReferenceHits min = BeladyReference(chains, res.reference_capacity_ids);
+    // The denominator is every id of the requests run, as hit_ratio_blocks'.
+    res.lru_hit_ratio_blocks = res.total_ids ? static_cast<double>(lru.hit_ids) / total : 0;
+    res.belady_hit_ratio_blocks = res.total_ids ? static_cast<double>(min.hit_ids) / total : 0;
   }
   res.hit_ratio_tokens =
       res.prompt_tokens ? static_cast<double>(res.cached_tokens) / static_cast<double>(res.prompt_tokens) : 0;
@@ -572,6 +583,10 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   }
   res.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  // Remote tiers point into other instances' stores, destroyed in order.
+  for (Instance& in : inst)
+    for (const auto& st : in.stores)
+      if (st->kind() == kvcache::TierKind::kRemote) static_cast<SimStore*>(st.get())->SetPeers({});
   return res;
 }
 

@@ -173,6 +173,7 @@ void ClusterDirectory::PollPeer(const std::string& name) {
     std::lock_guard lock(mu_);
     auto it = peers_.find(name);
     if (it == peers_.end()) return;
+    if (std::chrono::steady_clock::now() < it->second.retry_at) return;  // backing off
     address = it->second.info.http_address;
     incarnation = it->second.incarnation;
     applied = it->second.applied;
@@ -182,7 +183,14 @@ void ClusterDirectory::PollPeer(const std::string& name) {
     auto it = peers_.find(name);
     if (ok) ++stats_.polls;
     else ++stats_.poll_failures;
-    if (it != peers_.end()) it->second.reachable = ok;
+    if (it != peers_.end()) {
+      PeerState& p = it->second;
+      p.reachable = ok;
+      p.failures = ok ? 0 : p.failures + 1;
+      const auto delay = std::min<std::chrono::milliseconds>(
+          std::chrono::milliseconds(5000), std::chrono::milliseconds(100) * (1 << std::min(p.failures, 6)));
+      p.retry_at = ok ? std::chrono::steady_clock::time_point{} : std::chrono::steady_clock::now() + delay;
+    }
     return ok;
   };
   std::string host;

@@ -15,8 +15,9 @@
 //     the last applied sequence (GET /internal/kv/events?since=S). A new
 //     incarnation, a 410 (batches no longer kept), or a gap the index cannot
 //     bridge makes it ask for a snapshot (GET /internal/kv/snapshot).
-//   - a member that does not answer is marked unreachable (readers skip it)
-//     until it answers again; its blocks stay in the index until its lease
+//   - a member that does not answer (or answers only stale state) is
+//     marked unreachable (readers skip it) until it answers again, and is
+//     polled with a backoff (doubling from 100 ms to 5 s); its blocks stay in the index until its lease
 //     ends, since it may only be slow.
 // Where the index runs: in each instance that reads from the pool (this
 // class), so a reader never waits on another process to learn who holds a
@@ -87,6 +88,8 @@ class ClusterDirectory {
     uint64_t applied = 0;
     bool reachable = true;
     std::chrono::steady_clock::time_point absent_since{};  // missing from the listing since (epoch: listed)
+    int failures = 0;                                  // consecutive failed polls
+    std::chrono::steady_clock::time_point retry_at{};  // no poll before (backoff after failures)
   };
   void Loop();
   void RefreshMembers();

@@ -126,10 +126,13 @@ void KvHolder::Resolve(const std::string& body, ReplyFn reply) {
   if (!req) return reply(400, ErrorBody(req.error().message()));
   const auto lease_len = std::min(std::chrono::milliseconds(req->lease_ms), max_lease_);
   auto task = [this, req = std::move(*req), lease_len, reply](kvcache::KvManager& kv) {
+    if (stopped_.load()) return reply(503, ErrorBody("the instance is shutting down"));
     auto p = std::make_shared<PendingResolve>();
     p->lease_len = lease_len;
     p->reply = reply;
+    bool cut = false;  // a staging could not start: answer the blocks before it only
     for (const BlockHash& h : req.hashes) {
+      if (cut) break;
       bool found = false;
       for (const ExportedTier& t : tiers_) {  // host tiers first
         kvcache::BlockStore* store = kv.mutable_lower_store(t.tier);
@@ -170,6 +173,7 @@ void KvHolder::Resolve(const std::string& body, ReplyFn reply) {
                                   });
         if (!s.ok()) {
           --p->pending;
+          cut = true;  // block `index` stays not ok: the answer ends before it
           std::lock_guard lock(mu_);
           ++stats_.stage_failures;
         }

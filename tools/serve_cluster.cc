@@ -150,8 +150,14 @@ Result<std::unique_ptr<ServePool>> StartServePool(const transfer::InstanceInfo& 
     if (engine.Post([detached](kvcache::KvManager& kv) {
           kv.SetEventLog(nullptr);
           detached->set_value();
-        }))
+        })) {
       gone.wait();
+    } else {
+      // The engine is stopping and will not run the detach: the manager may
+      // still record into the log, so it must outlive the process's use of
+      // it. Keep it (deliberately never freed; start-up failure only).
+      new std::shared_ptr<kvcache::KvEventLog>(pool->log);
+    }
     StopServing(*pool);
     return r;
   }

@@ -284,6 +284,15 @@ TEST(SimulatorTest, ReportsLruAndBeladyReferencesOfOneFlatCache) {
     EXPECT_NEAR(r->belady_hit_ratio_blocks, blocks == 2000 ? 0.380 : 0.526, 1e-3);
     EXPECT_GT(r->belady_hit_ratio_blocks, r->lru_hit_ratio_blocks + 0.2);
   }
+  // Two blocks per id (32 tokens per id, blocks of 16): the capacity in ids halves.
+  o.tokens_per_hash_id = 32;
+  o.max_requests = 300;
+  o.cluster.instance.device_bytes = Blocks(o, 4000);
+  auto two = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(two.ok()) << two.error().ToString();
+  EXPECT_EQ(two->reference_capacity_ids, 2000u);
+  EXPECT_LE(two->lru_hit_ratio_blocks, two->ideal_hit_ratio_blocks);
+  EXPECT_LE(two->lru_hit_ratio_blocks, two->belady_hit_ratio_blocks);
 }
 
 TEST(SimStoreTest, ARemoteStoreReadsItsPeersBlocksAfterTheNetworkDelay) {
