@@ -265,6 +265,7 @@ TEST(RemoteTier, PeerRoutesNeedTheAdminTokenThePeersShare) {
   const Answer x = Complete(b->port("http"), Prompt(41));
   EXPECT_EQ(x.text, r.text);
   EXPECT_EQ(x.remote, kCachedTokens);
+  for (int p : {pa, b->port("http")}) ExpectPoolEmpty(p);
 }
 
 TEST(RemoteTier, ARemoteTierOutsideAClusterIsRefusedAtStart) {
