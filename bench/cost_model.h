@@ -51,6 +51,9 @@ struct InstanceConfig {
   // only when evicted from above: an exclusive hierarchy).
   kvcache::WritePolicy host_write_policy = kvcache::WritePolicy::kWriteThrough;
   kvcache::WritePolicy disk_write_policy = kvcache::WritePolicy::kWriteThrough;
+  // Eviction policy of the device pool and the default of the lower tiers
+  // (kvcache/eviction_policy.h; kv.eviction_policy live).
+  std::string eviction_policy = "lru";
   bool remote = false;
   double remote_read_bytes_per_s = 0;  // 0 = instant
   double remote_latency_s = 0;

@@ -6,10 +6,22 @@
 
 namespace strata::bench {
 
-SimStore::SimStore(const SimStoreOptions& options, kvcache::Clock* clock)
+Result<std::unique_ptr<SimStore>> SimStore::Create(const SimStoreOptions& options, kvcache::Clock* clock) {
+  const uint64_t blocks = options.block_bytes == 0 ? 0 : options.capacity_bytes / options.block_bytes;
+  if (blocks > kMaxBlocks)
+    return Status::InvalidArgument("simulated tier '" + options.name + "' holds " + std::to_string(blocks) +
+                                   " blocks, more than the simulator's " + std::to_string(kMaxBlocks));
+  auto policy = kvcache::MakeEvictionPolicy(options.eviction_policy, static_cast<int32_t>(blocks));
+  if (!policy.ok()) return policy.error().WithContext("simulated tier '" + options.name + "'");
+  return std::unique_ptr<SimStore>(new SimStore(options, clock, std::move(policy).value()));
+}
+
+SimStore::SimStore(const SimStoreOptions& options, kvcache::Clock* clock,
+                   std::unique_ptr<kvcache::EvictionPolicy> policy)
     : options_(options),
       clock_(clock),
-      max_blocks_(options.block_bytes == 0 ? 0 : options.capacity_bytes / options.block_bytes) {}
+      max_blocks_(options.block_bytes == 0 ? 0 : options.capacity_bytes / options.block_bytes),
+      policy_(std::move(policy)) {}
 
 kvcache::StoreStats SimStore::stats() const {
   kvcache::StoreStats s;
@@ -99,19 +111,33 @@ void SimStore::Insert(const BlockHash& h) {
     Touch(h);
     return;
   }
-  while (index_.size() >= max_blocks_ && !lru_.empty()) {
-    index_.erase(lru_.front());
-    lru_.pop_front();
+  kvcache::BlockTraits traits;
+  traits.key = kvcache::BlockHashHasher{}(h);
+  policy_->SetNow(clock_->NowNanos());
+  if (!policy_->Admit(traits)) return;
+  int32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else if (slot_hash_.size() < max_blocks_) {
+    slot = static_cast<int32_t>(slot_hash_.size());
+    slot_hash_.emplace_back();
+  } else {
+    slot = policy_->Victim();
+    if (slot < 0) return;  // nothing evictable (a simulated store pins nothing; unreachable)
+    policy_->Erase(slot, /*evicted=*/true);
+    index_.erase(slot_hash_[static_cast<size_t>(slot)]);
     ++evictions_;
   }
-  lru_.push_back(h);
-  index_.emplace(h, std::prev(lru_.end()));
+  slot_hash_[static_cast<size_t>(slot)] = h;
+  index_.emplace(h, slot);
+  policy_->Insert(slot, traits, /*evictable=*/true);
 }
 
 void SimStore::Touch(const BlockHash& h) {
   auto it = index_.find(h);
   if (it == index_.end()) return;
-  lru_.splice(lru_.end(), lru_, it->second);
+  policy_->Access(it->second);
 }
 
 size_t SimStore::Poll(std::vector<kvcache::StoreCompletion>* out) {
@@ -139,14 +165,18 @@ void SimStore::Drain(std::vector<kvcache::StoreCompletion>* out) {
 Status SimStore::Remove(const BlockHash& h) {
   auto it = index_.find(h);
   if (it == index_.end()) return Status::Ok();
-  lru_.erase(it->second);
+  policy_->Erase(it->second, /*evicted=*/false);
+  free_slots_.push_back(it->second);
   index_.erase(it);
   return Status::Ok();
 }
 
 Status SimStore::Flush(const Sha256Digest* /*ns*/) {
   // One model per simulated instance: every block is of its namespace.
-  lru_.clear();
+  for (const auto& [h, slot] : index_) {
+    policy_->Erase(slot, /*evicted=*/false);
+    free_slots_.push_back(slot);
+  }
   index_.clear();
   return Status::Ok();
 }

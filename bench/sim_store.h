@@ -10,8 +10,10 @@
 // A written block becomes visible (Contains, CountPrefix, reads) when its
 // write completes; a write of a hash already held completes OK at once and
 // touches it. A read of a hash not held completes NotFound at once. A read
-// touches the block (LRU). Eviction: least recently used, when a write
-// completes into a full store. capacity 0 = the tier is off (writes fail).
+// touches the block (a use). Eviction: the block the store's eviction
+// policy picks (kvcache/eviction_policy.h, the same code the live tiers
+// run), when a write completes into a full store; a block the policy does
+// not admit is not stored. capacity 0 = the tier is off (writes fail).
 //
 // Remote mode (kind kRemote, the cluster pool): the store holds nothing of
 // its own; its blocks are its peers' (SetPeers: the other instances' host
@@ -28,7 +30,6 @@
 // Thread-safety: one thread drives a store (BlockStore's rule).
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <queue>
 #include <string>
@@ -38,6 +39,7 @@
 #include "kvcache/block_hash.h"
 #include "kvcache/block_store.h"
 #include "kvcache/clock.h"
+#include "kvcache/eviction_policy.h"
 
 namespace strata::bench {
 
@@ -49,12 +51,15 @@ struct SimStoreOptions {
   double write_bytes_per_s = 0;  // 0 = instant
   kvcache::TierKind kind = kvcache::TierKind::kHost;
   double latency_s = 0;  // remote mode: per read, on top of the bandwidth
+  std::string eviction_policy = "lru";  // kvcache/eviction_policy.h names
 };
 
 class SimStore final : public kvcache::BlockStore {
  public:
-  // `clock` must outlive the store.
-  SimStore(const SimStoreOptions& options, kvcache::Clock* clock);
+  // `clock` must outlive the store. InvalidArgument for an unknown policy or
+  // more than kMaxBlocks blocks (the policy keeps per-block state).
+  static Result<std::unique_ptr<SimStore>> Create(const SimStoreOptions& options, kvcache::Clock* clock);
+  static constexpr uint64_t kMaxBlocks = uint64_t{1} << 23;
 
   std::string_view name() const override { return options_.name; }
   kvcache::TierKind kind() const override { return options_.kind; }
@@ -96,6 +101,7 @@ class SimStore final : public kvcache::BlockStore {
       return done_nanos != o.done_nanos ? done_nanos > o.done_nanos : seq > o.seq;
     }
   };
+  SimStore(const SimStoreOptions& options, kvcache::Clock* clock, std::unique_ptr<kvcache::EvictionPolicy> policy);
   int64_t Schedule(int64_t* channel_free, double bytes_per_s);
   void Insert(const BlockHash& h);
   void Touch(const BlockHash& h);
@@ -103,9 +109,10 @@ class SimStore final : public kvcache::BlockStore {
   const SimStoreOptions options_;
   kvcache::Clock* const clock_;
   const uint64_t max_blocks_;
-  // LRU: front = least recently used.
-  std::list<BlockHash> lru_;
-  std::unordered_map<BlockHash, std::list<BlockHash>::iterator, kvcache::BlockHashHasher> index_;
+  std::unique_ptr<kvcache::EvictionPolicy> policy_;
+  std::vector<BlockHash> slot_hash_;  // grown up to max_blocks_ as blocks arrive
+  std::vector<int32_t> free_slots_;
+  std::unordered_map<BlockHash, int32_t, kvcache::BlockHashHasher> index_;
   std::priority_queue<Pending, std::vector<Pending>, std::greater<Pending>> pending_;
   int64_t read_free_nanos_ = 0, write_free_nanos_ = 0;
   uint64_t next_seq_ = 0;

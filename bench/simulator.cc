@@ -126,6 +126,7 @@ std::vector<kvcache::TierSpec> SimTierSpecs(const InstanceConfig& ic) {
     h.name = "host";
     h.bytes = ic.host_bytes;
     h.write_policy = ic.host_write_policy;
+    h.eviction_policy = ic.eviction_policy;
     h.source = "instance.host_bytes";
     specs.push_back(std::move(h));
   }
@@ -165,7 +166,9 @@ kvcache::StoreMaker SimStoreMaker(const InstanceConfig& ic, kvcache::Clock* cloc
     so.read_bytes_per_s = remote ? ic.remote_read_bytes_per_s : host ? ic.host_read_bytes_per_s : ic.disk_read_bytes_per_s;
     so.write_bytes_per_s = host ? ic.host_write_bytes_per_s : ic.disk_write_bytes_per_s;
     so.latency_s = remote ? ic.remote_latency_s : 0;
-    return std::unique_ptr<kvcache::BlockStore>(std::make_unique<SimStore>(so, clock));
+    if (!spec.eviction_policy.empty()) so.eviction_policy = spec.eviction_policy;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<SimStore> store, SimStore::Create(so, clock));
+    return std::unique_ptr<kvcache::BlockStore>(std::move(store));
   };
 }
 
@@ -203,6 +206,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     ko.block_bytes = block_bytes;
     ko.ns = kvcache::NamespaceDigest("simulated-" + ic.model, "llama", "f16", bs);
     ko.load_policy = kvcache::LoadPolicy::kAuto;
+    ko.eviction_policy = ic.eviction_policy;
     ko.recompute_tokens_per_s = ic.cost.recompute_tokens_per_s();
     const std::vector<kvcache::TierSpec> specs = o.unlimited_cache ? std::vector<kvcache::TierSpec>{} : SimTierSpecs(ic);
     STRATA_ASSIGN_OR_RETURN(kvcache::OpenedTiers tiers,

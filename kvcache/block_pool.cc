@@ -6,11 +6,12 @@
 
 namespace strata::kvcache {
 
-BlockPool::BlockPool(int32_t num_blocks)
+BlockPool::BlockPool(int32_t num_blocks, std::unique_ptr<EvictionPolicy> policy)
     : ref_(static_cast<size_t>(num_blocks), 0),
       hashed_(static_cast<size_t>(num_blocks), false),
       hash_(static_cast<size_t>(num_blocks)),
-      lru_(num_blocks) {
+      policy_(std::move(policy)) {
+  if (policy_ == nullptr) policy_ = std::move(MakeEvictionPolicy("lru", num_blocks)).value();
   free_.reserve(static_cast<size_t>(num_blocks));
   // Stack: block 0 comes out first.
   for (int32_t i = num_blocks - 1; i >= 0; --i) free_.push_back(i);
@@ -21,7 +22,7 @@ BlockPoolStats BlockPool::stats() const {
   BlockPoolStats s;
   s.num_blocks = num_blocks();
   s.free = static_cast<int32_t>(free_.size());
-  s.cached = lru_.size();
+  s.cached = policy_->num_evictable();
   s.in_use = s.num_blocks - s.free - s.cached;
   s.indexed = static_cast<int32_t>(index_.size());
   s.evictions = evictions_;
@@ -44,7 +45,9 @@ bool BlockPool::Allocate(int32_t n, std::vector<BlockId>* out) {
       i = free_.back();
       free_.pop_back();
     } else {
-      i = lru_.PopFront();
+      i = policy_->Victim();
+      assert(i >= 0);
+      policy_->Erase(i, /*evicted=*/true);
       if (evict_hook_) evict_hook_(BlockId(static_cast<uint32_t>(i)), hash_[static_cast<size_t>(i)]);
       DropHash(i);
       ++evictions_;
@@ -65,8 +68,9 @@ void BlockPool::Ref(BlockId id) {
   const int32_t i = static_cast<int32_t>(id.value());
   int32_t& r = ref_[id.value()];
   if (r == 0) {
-    assert(lru_.Contains(i));
-    lru_.Remove(i);
+    assert(policy_->evictable(i));
+    policy_->SetEvictable(i, false);
+    policy_->Access(i);
   }
   ++r;
 }
@@ -77,18 +81,28 @@ void BlockPool::Release(BlockId id) {
   assert(r > 0);
   if (--r > 0) return;
   if (hashed_[id.value()]) {
-    lru_.PushBack(i);
+    policy_->SetEvictable(i, true);
   } else {
     free_.push_back(i);
   }
 }
 
-bool BlockPool::Register(BlockId id, const BlockHash& h) {
+bool BlockPool::Register(BlockId id, const BlockHash& h, const RegisterHints& hints) {
   assert(ref_[id.value()] > 0 && !hashed_[id.value()]);
   auto [it, inserted] = index_.emplace(h, static_cast<int32_t>(id.value()));
   if (!inserted) return false;
   hashed_[id.value()] = true;
   hash_[id.value()] = h;
+  BlockTraits traits;
+  traits.key = BlockHashHasher{}(h);
+  traits.depth = hints.depth;
+  traits.chain_blocks = hints.chain_blocks;
+  traits.keep_until_nanos = hints.keep_until_nanos;
+  if (hints.parent != nullptr) {
+    auto p = index_.find(*hints.parent);
+    if (p != index_.end()) traits.parent = p->second;
+  }
+  policy_->Insert(static_cast<int32_t>(id.value()), traits, /*evictable=*/false);
   if (change_hook_) change_hook_(h, true);
   return true;
 }
@@ -102,7 +116,8 @@ std::vector<BlockHash> BlockPool::Hashes() const {
 
 int32_t BlockPool::EvictAllCached() {
   int32_t n = 0;
-  for (int32_t i = lru_.PopFront(); i != LruList::kNone; i = lru_.PopFront()) {
+  for (int32_t i : policy_->Order()) {
+    policy_->Erase(i, /*evicted=*/false);
     DropHash(i);
     free_.push_back(i);
     ++n;
@@ -113,10 +128,7 @@ int32_t BlockPool::EvictAllCached() {
 
 std::vector<BlockId> BlockPool::EvictionOrder() const {
   std::vector<BlockId> out;
-  out.reserve(static_cast<size_t>(lru_.size()));
-  for (int32_t i = lru_.Front(); i != LruList::kNone; i = lru_.Next(i)) {
-    out.push_back(BlockId(static_cast<uint32_t>(i)));
-  }
+  for (int32_t i : policy_->Order()) out.push_back(BlockId(static_cast<uint32_t>(i)));
   return out;
 }
 
@@ -133,7 +145,8 @@ Status BlockPool::CheckConsistency() const {
     const size_t u = static_cast<size_t>(i);
     const std::string b = "block " + std::to_string(i);
     if (ref_[u] < 0) return Status::Internal(b + " has a negative ref count");
-    const bool free = in_free[u] > 0, cached = lru_.Contains(i);
+    const bool free = in_free[u] > 0, cached = policy_->evictable(i);
+    if (hashed_[u] != policy_->held(i)) return Status::Internal(b + ": the policy disagrees on whether it is named");
     if (free && cached) return Status::Internal(b + " is both free and cached");
     if (ref_[u] > 0 && (free || cached)) return Status::Internal(b + " is in use and listed");
     if (ref_[u] == 0 && !free && !cached) return Status::Internal(b + " is lost");
@@ -148,7 +161,7 @@ Status BlockPool::CheckConsistency() const {
   }
   if (hashed != static_cast<int32_t>(index_.size()))
     return Status::Internal("index holds entries for no block");
-  return Status::Ok();
+  return policy_->CheckConsistency();
 }
 
 }  // namespace strata::kvcache

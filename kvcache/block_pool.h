@@ -8,15 +8,16 @@
 //   in use    ref > 0. Never handed out again, never evicted, never rewritten
 //             by anyone but its owners.
 //   free      ref == 0, no hash: holds nothing worth keeping; reused first.
-//   cached    ref == 0, has a hash: waits in an LRU (intrusive list, O(1)
-//             touch/remove); reused least-recently-released first, and then
-//             its hash leaves the prefix index (an eviction).
+//   cached    ref == 0, has a hash: evictable; the pool's eviction policy
+//             (kvcache/eviction_policy.h; LRU by default: least recently
+//             released first) picks which cached block is reused next, and
+//             then its hash leaves the prefix index (an eviction).
 // A block in use may also have a hash (a full block registered by Register()).
 //
 // Chains: every user of a block also holds all of its ancestors in the chain
 // (a request's prefix), and requests release their blocks tail first
 // (KvManager::Free does), so a chain's tail always enters the LRU before its
-// head and is evicted first.
+// head and is evicted first (lru; leaf_lru promises it for any order).
 //
 // Eviction hook: set_evict_hook(fn) has Allocate() call fn(id, hash) for
 // every cached block it evicts, just before the block is handed out (its
@@ -27,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -36,7 +38,7 @@
 #include "common/strong_id.h"
 #include "kvcache/block_hash.h"
 #include "kvcache/kv_stats.h"
-#include "kvcache/lru_list.h"
+#include "kvcache/eviction_policy.h"
 
 namespace strata::kvcache {
 
@@ -44,8 +46,9 @@ class BlockPool {
  public:
   using EvictHook = std::function<void(BlockId, const BlockHash&)>;
 
-  // REQUIRES: num_blocks >= 0.
-  explicit BlockPool(int32_t num_blocks);
+  // REQUIRES: num_blocks >= 0. `policy` null = lru; else one made for
+  // num_blocks slots (MakeEvictionPolicy).
+  explicit BlockPool(int32_t num_blocks, std::unique_ptr<EvictionPolicy> policy = nullptr);
 
   // See the top of this file; an empty function removes the hook.
   void set_evict_hook(EvictHook hook) { evict_hook_ = std::move(hook); }
@@ -60,11 +63,11 @@ class BlockPool {
 
   int32_t num_blocks() const { return static_cast<int32_t>(ref_.size()); }
   // Blocks Allocate() can hand out now (free + cached).
-  int32_t num_allocatable() const { return static_cast<int32_t>(free_.size()) + lru_.size(); }
+  int32_t num_allocatable() const { return static_cast<int32_t>(free_.size()) + policy_->num_evictable(); }
   BlockPoolStats stats() const;
 
   // Appends `n` blocks to `out`, each with ref 1 and no hash: free blocks
-  // first, then cached ones from the LRU front (evicting them). All or
+  // first, then cached ones the policy picks (evicting them). All or
   // nothing: returns false and changes nothing when fewer than n are
   // allocatable ("not now").
   [[nodiscard]] bool Allocate(int32_t n, std::vector<BlockId>* out);
@@ -72,18 +75,32 @@ class BlockPool {
   // The block holding `h`, if any (in use or cached). Does not touch it.
   std::optional<BlockId> Lookup(const BlockHash& h) const;
 
-  // Takes a reference. A cached block leaves the LRU (a hit).
+  // Takes a reference. A cached block stops being evictable (a hit).
   // REQUIRES: id < num_blocks(), and the block is in use or cached.
   void Ref(BlockId id);
-  // Drops a reference; at zero the block becomes cached (at the LRU back) if
-  // it has a hash, else free. REQUIRES: ref(id) > 0.
+  // Drops a reference; at zero the block becomes cached (evictable) if it
+  // has a hash, else free. REQUIRES: ref(id) > 0.
   void Release(BlockId id);
 
   // Names the contents of an in-use block: it enters the prefix index. Returns
   // false (and leaves the block unnamed) when another block already holds `h`
   // (two requests computed the same block; the later copy stays private).
+  // `hints` tell the policy where the block sits: its position in the chain,
+  // the chain's previous block (when this pool names it), how long the
+  // request asked it to be kept.
   // REQUIRES: ref(id) > 0 and the block has no hash yet.
-  [[nodiscard]] bool Register(BlockId id, const BlockHash& h);
+  struct RegisterHints {
+    int32_t depth = -1;
+    int32_t chain_blocks = -1;  // full blocks of the request's prompt
+    const BlockHash* parent = nullptr;
+    int64_t keep_until_nanos = 0;
+  };
+  [[nodiscard]] bool Register(BlockId id, const BlockHash& h, const RegisterHints& hints);
+  [[nodiscard]] bool Register(BlockId id, const BlockHash& h) { return Register(id, h, RegisterHints{}); }
+
+  const EvictionPolicy& policy() const { return *policy_; }
+  // Sets the time keep_until is compared with (kvcache::Clock nanoseconds).
+  void SetNow(int64_t now_nanos) { policy_->SetNow(now_nanos); }
 
   int32_t ref(BlockId id) const { return ref_[id.value()]; }
   bool has_hash(BlockId id) const { return hashed_[id.value()]; }
@@ -107,7 +124,7 @@ class BlockPool {
   std::vector<bool> hashed_;
   std::vector<BlockHash> hash_;
   std::vector<int32_t> free_;  // stack of free (unhashed, unreferenced) blocks
-  LruList lru_;                // cached blocks
+  std::unique_ptr<EvictionPolicy> policy_;  // over the cached blocks
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
   uint64_t evictions_ = 0;
   EvictHook evict_hook_;

@@ -115,7 +115,9 @@ Result<std::unique_ptr<HostStore>> HostStore::Create(const HostStoreOptions& opt
   const uint64_t slots = options.capacity_bytes / options.block_bytes;
   if (slots > static_cast<uint64_t>(INT32_MAX))
     return Status::InvalidArgument("host store: too many slots (" + std::to_string(slots) + ")");
-  std::unique_ptr<HostStore> s(new HostStore(options, static_cast<int32_t>(slots)));
+  auto policy = MakeEvictionPolicy(options.eviction_policy, static_cast<int32_t>(slots));
+  if (!policy.ok()) return policy.error().WithContext("host store");
+  std::unique_ptr<HostStore> s(new HostStore(options, static_cast<int32_t>(slots), std::move(policy).value()));
   if (!options.metadata_only && slots > 0) {
     const uint64_t bytes = slots * options.block_bytes;
     // Page-aligned (and a whole number of pages) so that registering it
@@ -129,7 +131,7 @@ Result<std::unique_ptr<HostStore>> HostStore::Create(const HostStoreOptions& opt
   return s;
 }
 
-HostStore::HostStore(const HostStoreOptions& options, int32_t slots)
+HostStore::HostStore(const HostStoreOptions& options, int32_t slots, std::unique_ptr<EvictionPolicy> policy)
     : block_bytes_(options.block_bytes),
       metadata_only_(options.metadata_only),
       slot_hash_(static_cast<size_t>(slots)),
@@ -138,7 +140,7 @@ HostStore::HostStore(const HostStoreOptions& options, int32_t slots)
       slot_sum_(static_cast<size_t>(slots), 0),
       slot_pins_(static_cast<size_t>(slots), 0),
       slot_dropped_(static_cast<size_t>(slots), false),
-      lru_(slots) {
+      policy_(std::move(policy)) {
   free_slots_.reserve(static_cast<size_t>(slots));
   for (int32_t i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
   index_.reserve(static_cast<size_t>(slots));
@@ -169,11 +171,11 @@ size_t HostStore::CountPrefix(std::span<const BlockHash> chain) const {
   return n;
 }
 
-void HostStore::FreeSlot(int32_t slot) {
+void HostStore::FreeSlot(int32_t slot, bool evicted) {
   const size_t u = static_cast<size_t>(slot);
   NotifyChanged(slot_hash_[u], false);
   index_.erase(slot_hash_[u]);
-  if (lru_.Contains(slot)) lru_.Remove(slot);
+  policy_->Erase(slot, evicted);
   if (slot_pins_[u] > 0) {
     slot_dropped_[u] = true;  // a peer may be reading it: freed at the last Unpin
     return;
@@ -204,7 +206,7 @@ bool HostStore::Pin(const BlockHash& h) {
   auto [p, inserted] = pinned_hashes_.emplace(h, slot);
   if (!inserted && p->second != slot) return false;  // an older copy of h, dropped while pinned, is still read
   const size_t u = static_cast<size_t>(slot);
-  if (slot_pins_[u]++ == 0 && lru_.Contains(slot)) lru_.Remove(slot);
+  if (slot_pins_[u]++ == 0) policy_->SetEvictable(slot, false);
   return true;
 }
 
@@ -220,30 +222,36 @@ void HostStore::Unpin(const BlockHash& h) {
     slot_used_[u] = false;
     free_slots_.push_back(slot);
   } else {
-    lru_.PushBack(slot);
+    policy_->SetEvictable(slot, true);
   }
 }
 
 Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) {
   STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> data, HostBytes(src, block_bytes_, metadata_only_));
   if (auto it = index_.find(h); it != index_.end()) {
-    if (lru_.Contains(it->second)) lru_.Touch(it->second);
+    policy_->Access(it->second);
     done_.push_back({tag, Status::Ok()});
     return Status::Ok();
   }
+  BlockTraits traits;
+  traits.key = BlockHashHasher{}(h);
+  if (!policy_->Admit(traits)) {
+    done_.push_back({tag, Status::ResourceExhausted("host store: the eviction policy did not admit the block")});
+    return Status::Ok();
+  }
   if (free_slots_.empty()) {
-    if (lru_.empty()) {
+    const int32_t victim = policy_->Victim();
+    if (victim < 0) {
       ++write_errors_;
       done_.push_back({tag, Status::ResourceExhausted("host store has no slots")});
       return Status::Ok();
     }
-    const int32_t victim = lru_.Front();
     if (eviction_listener_) {
       const Region bytes = metadata_only_ ? Region{}
                                           : Region{segment_, static_cast<uint64_t>(victim) * block_bytes_, block_bytes_};
       eviction_listener_(slot_hash_[static_cast<size_t>(victim)], bytes);
     }
-    FreeSlot(victim);
+    FreeSlot(victim, /*evicted=*/true);
     ++evictions_;
   }
   const int32_t slot = free_slots_.back();
@@ -256,7 +264,7 @@ Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const 
   slot_hash_[u] = h;
   slot_ns_[u] = ns;
   slot_used_[u] = true;
-  lru_.PushBack(slot);
+  policy_->Insert(slot, traits, /*evictable=*/true);
   index_.emplace(h, slot);
   NotifyChanged(h, true);
   done_.push_back({tag, Status::Ok()});
@@ -270,7 +278,7 @@ Status HostStore::SubmitRead(const BlockHash& h, const Region& dst_region, uint6
     done_.push_back({tag, Status::NotFound("block not in host store")});
     return Status::Ok();
   }
-  if (lru_.Contains(it->second)) lru_.Touch(it->second);
+  policy_->Access(it->second);
   if (!metadata_only_) std::memcpy(dst.data(), slot_data(it->second), block_bytes_);
   done_.push_back({tag, Status::Ok()});
   return Status::Ok();
@@ -288,14 +296,14 @@ void HostStore::Drain(std::vector<StoreCompletion>* out) { (void)Poll(out); }
 Status HostStore::Remove(const BlockHash& h) {
   auto it = index_.find(h);
   if (it == index_.end()) return Status::NotFound("block not in host store");
-  FreeSlot(it->second);
+  FreeSlot(it->second, /*evicted=*/false);
   return Status::Ok();
 }
 
 Status HostStore::Flush(const Sha256Digest* ns) {
   for (int32_t i = 0; i < num_slots(); ++i) {
     const size_t u = static_cast<size_t>(i);
-    if (slot_used_[u] && !slot_dropped_[u] && (ns == nullptr || slot_ns_[u] == *ns)) FreeSlot(i);
+    if (slot_used_[u] && !slot_dropped_[u] && (ns == nullptr || slot_ns_[u] == *ns)) FreeSlot(i, /*evicted=*/false);
   }
   return Status::Ok();
 }

@@ -15,9 +15,11 @@
 // the caller may reuse the source region as soon as SubmitWrite returns
 // (stronger than BlockStore's contract). Attach registers the slot buffer
 // as one segment ("host tier", kPinnedHost when pinned); evicted blocks are
-// reported as regions of it. A full store evicts its least recently used block
-// (written or read) to make room; pinned blocks (Pin, for peers reading
-// them through the cluster pool) are never evicted. Every stored block
+// reported as regions of it. A full store evicts the block its eviction
+// policy picks (kvcache/eviction_policy.h; lru by default: the least
+// recently written or read) to make room, and stores a new block only when
+// the policy admits it; pinned blocks (Pin, for peers reading them through
+// the cluster pool) are never evicted. Every stored block
 // carries the XXH3-64 of its bytes (Locate), which a reader checks.
 //
 // Metadata-only mode (`metadata_only`): no buffer; writes record the hash,
@@ -34,7 +36,7 @@
 
 #include "kvcache/block_hash.h"
 #include "kvcache/block_store.h"
-#include "kvcache/lru_list.h"
+#include "kvcache/eviction_policy.h"
 
 namespace strata::kvcache {
 
@@ -47,6 +49,8 @@ struct HostStoreOptions {
   // The CUDA runtime library to dlopen; empty = the usual names
   // (libcudart.so, libcudart.so.13, libcudart.so.12, libcudart.so.11.0).
   std::string cudart_library = {};
+  // kvcache/eviction_policy.h names; Create refuses an unknown one.
+  std::string eviction_policy = "lru";
 };
 
 class HostStore final : public BlockStore {
@@ -89,13 +93,14 @@ class HostStore final : public BlockStore {
   void Unpin(const BlockHash& h) override;
   // Slots pinned now (including ones dropped while pinned).
   size_t pinned_slots() const { return pinned_hashes_.size(); }
+  const EvictionPolicy& policy() const { return *policy_; }
 
  private:
   std::vector<BlockHash> HeldBlocks() const override;
-  explicit HostStore(const HostStoreOptions& options, int32_t slots);
+  HostStore(const HostStoreOptions& options, int32_t slots, std::unique_ptr<EvictionPolicy> policy);
   Status RegisterMemory() override;
   uint8_t* slot_data(int32_t slot) { return buffer_.get() + static_cast<size_t>(slot) * block_bytes_; }
-  void FreeSlot(int32_t slot);
+  void FreeSlot(int32_t slot, bool evicted);
   // Pins buffer_ when options ask and a device is present; sets pinned_ and
   // pin_status_.
   void MaybePin(const HostStoreOptions& options, uint64_t bytes);
@@ -114,11 +119,11 @@ class HostStore final : public BlockStore {
   std::vector<Sha256Digest> slot_ns_;
   std::vector<bool> slot_used_;
   std::vector<uint64_t> slot_sum_;     // XXH3-64 of the slot's bytes
-  std::vector<int32_t> slot_pins_;     // Pin count; a pinned slot is out of the LRU
+  std::vector<int32_t> slot_pins_;     // Pin count; a pinned slot is not evictable
   std::vector<bool> slot_dropped_;     // left the index while pinned: freed at the last Unpin
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> pinned_hashes_;  // hash → its pinned slot
   std::vector<int32_t> free_slots_;
-  LruList lru_;  // used slots, least recently used first
+  std::unique_ptr<EvictionPolicy> policy_;  // over the indexed slots
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> index_;
   std::vector<StoreCompletion> done_;
   uint64_t evictions_ = 0;

@@ -1,5 +1,7 @@
 #include "kvcache/kv_config.h"
 
+#include "kvcache/eviction_policy.h"
+
 #include <charconv>
 
 namespace strata::kvcache {
@@ -52,7 +54,7 @@ const std::vector<std::string>& KvConfigKeys() {
       "kv.block_size", "kv.dtype",      "kv.device_bytes",     "kv.host_bytes",
       "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy",
       "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin", "kv.remote", "kv.tiers",
-      "kv.lookup_timeout_ms"};
+      "kv.lookup_timeout_ms", "kv.eviction_policy"};
   return keys;
 }
 
@@ -158,6 +160,12 @@ Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConf
     if (!p) return Bad(o + k.key, p.error().message());
     *k.dst = *p;
   }
+  if (cfg.Has("kv.eviction_policy")) {
+    auto v = cfg.GetString("kv.eviction_policy", c.eviction_policy);
+    if (!v) return named(v.error(), "kv.eviction_policy");
+    if (!IsEvictionPolicy(*v)) return Bad(o + "kv.eviction_policy", MakeEvictionPolicy(*v, 0).error().message());
+    c.eviction_policy = *v;
+  }
   if (cfg.Has("kv.prefetch_max_requests")) {
     auto v = cfg.GetInt("kv.prefetch_max_requests", c.prefetch_max_requests);
     if (!v) return named(v.error(), "kv.prefetch_max_requests");
@@ -234,6 +242,12 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
     auto p = ParseWritePolicy(value);
     if (!p) return Bad(flag, p.error().message());
     (flag == "--kv-host-write-policy" ? c->host_write_policy : c->disk_write_policy) = *p;
+    c->tiers_configured = true;
+    return Status::Ok();
+  }
+  if (flag == "--kv-eviction-policy") {
+    if (!IsEvictionPolicy(value)) return Bad(flag, MakeEvictionPolicy(value, 0).error().message());
+    c->eviction_policy = std::string(value);
     c->tiers_configured = true;
     return Status::Ok();
   }
@@ -357,6 +371,8 @@ Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& c) {
     r.source = "kv.remote (--kv-remote)";
     out.push_back(std::move(r));
   }
+  for (TierSpec& t : out)  // the host tiers' default policy
+    if (t.eviction_policy.empty() && t.kind == TierKind::kHost) t.eviction_policy = c.eviction_policy;
   STRATA_RETURN_IF_ERROR(ValidateTierSpecs(out));
   return out;
 }

@@ -49,6 +49,11 @@ struct KvCacheConfig {
   // pool: blocks other instances hold, cluster/remote_store.h); the same as
   // listing {kind: remote} last in kv.tiers. Needs --metadata.
   bool remote = false;
+  // kv.eviction_policy --kv-eviction-policy: the device pool's eviction
+  // policy and the default of each host tier (kv.tiers[].eviction_policy
+  // overrides it per tier; disk tiers run lru). Names in
+  // kvcache/eviction_policy.h.
+  std::string eviction_policy = "lru";
   // kv.tiers: the lower tiers as a list (kvcache/tier_registry.h). The host_*
   // and disk_* fields above are shorthands for a list of one host and one
   // disk tier; LowerTierSpecs resolves which applies.

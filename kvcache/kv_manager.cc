@@ -25,6 +25,8 @@ Status CheckOptions(const KvManagerOptions& options, const Clock* clock) {
   if (options.block_size <= 0) return Status::InvalidArgument("kv manager: block_size must be > 0");
   if (options.num_device_blocks < 0) return Status::InvalidArgument("kv manager: num_device_blocks must be >= 0");
   if (clock == nullptr) return Status::InvalidArgument("kv manager: clock is null");
+  if (!IsEvictionPolicy(options.eviction_policy))
+    return MakeEvictionPolicy(options.eviction_policy, 0).status();
   return Status::Ok();
 }
 
@@ -52,7 +54,10 @@ Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& opt
 }
 
 KvManager::KvManager(const KvManagerOptions& options, Clock* clock)
-    : options_(options), clock_(clock), pool_(options.num_device_blocks) {}
+    : options_(options),
+      clock_(clock),
+      pool_(options.num_device_blocks,
+            std::move(MakeEvictionPolicy(options.eviction_policy, options.num_device_blocks)).value()) {}
 
 KvManager::~KvManager() {
   if (events_ != nullptr) SetEventLog(nullptr);  // the stores outlive the manager; the log may not
@@ -172,6 +177,7 @@ Result<AllocOutcome> KvManager::Allocate(RequestId id, int32_t num_tokens) {
     return Status::NotFound("kv manager: unknown request " + std::to_string(id.value()));
   if (num_tokens < 0) return Status::InvalidArgument("kv manager: negative token count");
   Request& r = it->second;
+  pool_.SetNow(clock_->NowNanos());  // for the blocks requests asked to keep
   if (!r.prefix_taken) return TakePrefix(id, r, num_tokens);
   const size_t bs = static_cast<size_t>(options_.block_size);
   const size_t need = (static_cast<size_t>(num_tokens) + bs - 1) / bs;
@@ -246,7 +252,7 @@ void KvManager::FinishLoads(Request& r) {
   for (int32_t i = r.device_hit_blocks; i < r.load_ok_until; ++i) {
     const size_t k = static_cast<size_t>(i);
     const BlockId b(static_cast<uint32_t>(r.table[k]));
-    (void)pool_.Register(b, r.chain[k]);  // a duplicate stays private
+    (void)pool_.Register(b, r.chain[k], Hints(r, k));  // a duplicate stays private
     const int source = r.block_tier[k] - 1;
     mover_->CountLoadHit(source);
     mover_->OnHit(b, r.chain[k], source);
@@ -270,7 +276,7 @@ Status KvManager::Commit(RequestId id, std::span<const int32_t> tokens) {
   if (full > r.chain.size()) ExtendHashChain(options_.ns, tokens, options_.block_size, r.salt, &r.chain);
   for (size_t i = static_cast<size_t>(r.committed_blocks); i < full; ++i) {
     const BlockId b(static_cast<uint32_t>(r.table[i]));
-    if (pool_.Register(b, r.chain[i])) mover_->OnCommitted(b, r.chain[i]);
+    if (pool_.Register(b, r.chain[i], Hints(r, i))) mover_->OnCommitted(b, r.chain[i]);
   }
   r.committed_blocks = std::max(r.committed_blocks, static_cast<int32_t>(full));
   return Status::Ok();

@@ -234,7 +234,17 @@ class KvManager {
     bool has_hint = false;
     int32_t hint_from = 0;
     std::vector<int> hint;
+    int64_t keep_until = 0;  // Clock nanoseconds its blocks are kept (cache_ttl_seconds); 0 = none
   };
+  // What the pool's policy is told of block k of the request when it is named.
+  BlockPool::RegisterHints Hints(const Request& r, size_t k) const {
+    BlockPool::RegisterHints h;
+    h.depth = static_cast<int32_t>(k);
+    h.chain_blocks = static_cast<int32_t>(r.prompt.size() / static_cast<size_t>(options_.block_size));
+    h.parent = k > 0 ? &r.chain[k - 1] : nullptr;
+    h.keep_until_nanos = r.keep_until;
+    return h;
+  }
   struct PendingLookup {
     std::vector<BlockHash> chain;
     size_t max_blocks = 0;

@@ -50,6 +50,8 @@ struct KvManagerOptions {
   // What memory the device blocks are when given as a BlockMemoryFn (the
   // CPU backend's pool is host memory); a DeviceKv's segment says its own.
   SegmentKind device_memory_kind = SegmentKind::kHost;
+  // The device pool's eviction policy (kvcache/eviction_policy.h names).
+  std::string eviction_policy = "lru";
 };
 
 // The device KV pool as the KV manager sees it; the backend allocates it

@@ -1,5 +1,7 @@
 #include "kvcache/tier_registry.h"
 
+#include "kvcache/eviction_policy.h"
+
 #include <algorithm>
 #include <filesystem>
 
@@ -37,7 +39,7 @@ Result<TierSpec> ParseEntry(const Config& c, size_t index) {
   if (s.name.empty()) return Status::InvalidArgument(c.origin() + ": 'name' is empty");
   if (s.kind == TierKind::kRemote) {
     // The cluster pool: other instances' tiers, read-only here.
-    for (const char* key : {"bytes", "path", "write_policy", "admit_after", "pin"})
+    for (const char* key : {"bytes", "path", "write_policy", "admit_after", "pin", "eviction_policy"})
       if (c.Has(key))
         return Status::InvalidArgument(c.origin() + ": '" + key +
                                        "' does not apply to a remote tier (its blocks are other instances')");
@@ -61,13 +63,18 @@ Result<TierSpec> ParseEntry(const Config& c, size_t index) {
   if (c.Has("pin") && s.kind != TierKind::kHost)
     return Status::InvalidArgument(c.origin() + ": 'pin' applies to host tiers only");
   STRATA_ASSIGN_OR_RETURN(s.pin, c.GetBool("pin", true));
+  STRATA_ASSIGN_OR_RETURN(s.eviction_policy, c.GetString("eviction_policy", ""));
+  if (c.Has("eviction_policy") && !IsEvictionPolicy(s.eviction_policy))
+    return Status::InvalidArgument(c.origin() + ": key 'eviction_policy' " +
+                                   MakeEvictionPolicy(s.eviction_policy, 0).error().message());
   return s;
 }
 
 }  // namespace
 
 const std::vector<std::string>& TierSpecKeys() {
-  static const std::vector<std::string> keys = {"kind", "name", "bytes", "path", "write_policy", "admit_after", "pin"};
+  static const std::vector<std::string> keys = {"kind",        "name", "bytes",          "path",
+                                                "write_policy", "admit_after", "pin", "eviction_policy"};
   return keys;
 }
 
@@ -89,11 +96,17 @@ Status ValidateTierSpecs(std::span<const TierSpec> specs) {
     if (s.kind == TierKind::kRemote) {
       if (i + 1 != specs.size()) return Bad(s, "the remote tier must be the last in the list");
       if (s.write_policy != WritePolicy::kNone) return Bad(s, "the remote tier is read-only (write_policy none)");
+      if (!s.eviction_policy.empty() && s.eviction_policy != "lru")
+        return Bad(s, "the remote tier evicts nothing of its own (its blocks are other instances'); no eviction_policy");
       continue;
     }
     if (s.name == TierKindName(TierKind::kDevice))
       return Bad(s, "the name 'device' is the device pool's; give this tier another");
     if (s.bytes == 0) return Bad(s, "bytes is 0: give the tier a size, or leave it out");
+    if (!s.eviction_policy.empty() && !IsEvictionPolicy(s.eviction_policy))
+      return Bad(s, MakeEvictionPolicy(s.eviction_policy, 0).error().message());
+    if (s.kind == TierKind::kDisk && !s.eviction_policy.empty() && s.eviction_policy != "lru")
+      return Bad(s, "disk tiers evict lru only so far, not " + s.eviction_policy);
     if (s.kind == TierKind::kDisk && s.path.empty()) return Bad(s, "a disk tier needs a path (its directory)");
     if (s.kind != TierKind::kDisk && !s.path.empty())
       return Bad(s, "path applies to disk tiers only, not " + std::string(TierKindName(s.kind)));
@@ -119,6 +132,7 @@ Result<std::unique_ptr<BlockStore>> OpenStore(const TierSpec& spec, uint64_t blo
       ho.capacity_bytes = spec.bytes;
       ho.block_bytes = block_bytes;
       ho.pin = spec.pin;
+      if (!spec.eviction_policy.empty()) ho.eviction_policy = spec.eviction_policy;
       STRATA_ASSIGN_OR_RETURN(std::unique_ptr<HostStore> host, HostStore::Create(ho));
       if (host->num_slots() == 0)
         return Bad(spec, std::to_string(spec.bytes) + " bytes is smaller than one KV block (" +

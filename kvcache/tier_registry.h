@@ -42,13 +42,16 @@ struct TierSpec {
   WritePolicy write_policy = WritePolicy::kWriteThrough;
   uint32_t admit_after = 0;  // hits before a block is written to this tier (LowerTier::admit_after)
   bool pin = true;           // host: page-lock the buffer when a CUDA device is present
+  // kvcache/eviction_policy.h names; empty = kv.eviction_policy (filled in
+  // by LowerTierSpecs). Disk tiers run lru only so far.
+  std::string eviction_policy;
   // Where it was configured, for messages: "kv.tiers[1]" or the shorthand's
   // flag and key.
   std::string source;
 };
 
 // The keys of one kv.tiers entry: kind, name, bytes, path, write_policy,
-// admit_after, pin.
+// admit_after, pin, eviction_policy.
 const std::vector<std::string>& TierSpecKeys();
 
 // Parses `kv.tiers` in `cfg` (absent: an empty list). Each entry must have a
@@ -60,7 +63,8 @@ Result<std::vector<TierSpec>> TierSpecsFromYaml(const Config& cfg);
 // be listed (device is kv.device_bytes; remote tiers come from the cluster
 // pool), two entries with one name, a size of 0, a disk tier without a path,
 // two disk tiers on one directory, a path on a non-disk tier, `pin` on a
-// non-host tier.
+// non-host tier, an unknown eviction policy, or one other than lru on a disk
+// or remote tier.
 Status ValidateTierSpecs(std::span<const TierSpec> specs);
 
 // Makes the store of one tier, for blocks of `block_bytes`.

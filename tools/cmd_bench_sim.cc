@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "common/thread_pool.h"
 #include "model/model_loader.h"
+#include "kvcache/eviction_policy.h"
 #include "kvcache/kv_config.h"
 #include "tools/commands.h"
 
@@ -42,6 +43,7 @@ struct SimFlags {
   int disk_admit_after = -1;
   std::string remote;  // "true" | "false": override the cluster pool; empty = keep
   std::string host_write_policy, disk_write_policy;  // overrides; empty = keep
+  std::string eviction_policy;                       // override; empty = keep
   // Overrides of the cluster file / profile; empty or 0 = keep.
   int instances = 0;
   std::string routing, device_bytes, host_bytes, disk_bytes;
@@ -142,6 +144,7 @@ int RunSimulate(const SimFlags& f) {
     o.cluster.instance.host_write_policy = *kvcache::ParseWritePolicy(f.host_write_policy);  // checked by the flag
   if (!f.disk_write_policy.empty())
     o.cluster.instance.disk_write_policy = *kvcache::ParseWritePolicy(f.disk_write_policy);
+  if (!f.eviction_policy.empty()) o.cluster.instance.eviction_policy = f.eviction_policy;  // checked by the flag
   o.unlimited_cache = f.unlimited_cache;
   o.serial = f.serial;
   o.concurrency = f.concurrency;
@@ -338,6 +341,9 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
       ->check(CLI::IsMember({"write-through", "write-back"}));
   sim->add_option("--disk-write-policy", f->disk_write_policy, "override the disk tier's write policy")
       ->check(CLI::IsMember({"write-through", "write-back"}));
+  sim->add_option("--kv-eviction-policy", f->eviction_policy,
+                  "override the eviction policy of the device pool and the lower tiers (instance.eviction_policy)")
+      ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
   sim->add_option("--remote", f->remote,
                   "override the cluster pool: true = each instance also reads the others' host and disk tiers "
                   "(instance.remote)")

@@ -31,6 +31,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "write-through: copy full blocks to host when committed; write-back: when evicted from device");
   cmd->add_option("--kv-disk-write-policy", CLI::callback_t{},
                   "write-through: copy full blocks to disk when committed; write-back: when evicted from device");
+  cmd->add_option("--kv-eviction-policy", CLI::callback_t{},
+                  "which cached block the device pool and the host tiers give up first: lru (default), leaf_lru, "
+                  "s3fifo, freq, learned");
   cmd->add_option("--kv-prefetch-max-requests", CLI::callback_t{},
                   "waiting requests that may load cached prefixes before admission (0 = off; default 4)");
   cmd->add_option("--kv-lookup-timeout-ms", CLI::callback_t{},
@@ -103,7 +106,7 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
   }
   for (const char* flag :
        {"--kv-host-write-policy", "--kv-disk-write-policy", "--kv-prefetch-max-requests", "--kv-lookup-timeout-ms",
-        "--kv-host-pin", "--kv-remote"}) {
+        "--kv-host-pin", "--kv-remote", "--kv-eviction-policy"}) {
     if (unset(flag)) continue;
     std::string text = cmd->get_option(flag)->as<std::string>();
     if (text.empty()) text = "true";  // a bare --kv-remote

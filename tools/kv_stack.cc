@@ -96,6 +96,7 @@ Result<std::unique_ptr<KvStack>> OpenKvStack(const kvcache::KvCacheConfig& kv, c
   o.block_bytes = block_bytes;
   o.ns = kvcache::NamespaceDigest(m.weights.digest, m.weights.config.arch, kv.dtype, kv.block_size);
   o.load_policy = kv.load_policy;
+  o.eviction_policy = kv.eviction_policy;
   const kvcache::DeviceKv device{&backend.segments(), pool.segment, &backend.copy_engine()};
   STRATA_ASSIGN_OR_RETURN(stack->manager, kvcache::KvManager::Create(o, device, std::move(tiers.lowers), clock));
   return stack;

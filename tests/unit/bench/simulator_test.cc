@@ -297,9 +297,13 @@ TEST(SimulatorTest, ReportsLruAndBeladyReferencesOfOneFlatCache) {
 
 TEST(SimStoreTest, ARemoteStoreReadsItsPeersBlocksAfterTheNetworkDelay) {
   kvcache::ManualClock clock(0);
-  SimStore peer({"host", 4000, 1000, 0, 0}, &clock);  // instant local tier
+  auto peer_store = SimStore::Create({"host", 4000, 1000, 0, 0}, &clock);  // instant local tier
+  ASSERT_TRUE(peer_store.ok());
+  SimStore& peer = **peer_store;
   SimStoreOptions ro{"remote", 0, 1000, 1000.0, 0, kvcache::TierKind::kRemote, 0.5};  // 1 s per block + 0.5 s
-  SimStore remote(ro, &clock);
+  auto remote_store = SimStore::Create(ro, &clock);
+  ASSERT_TRUE(remote_store.ok());
+  SimStore& remote = **remote_store;
   remote.SetPeers({&peer});
   BlockHash a, b;
   a.digest[0] = 1;
@@ -326,7 +330,9 @@ TEST(SimStoreTest, ARemoteStoreReadsItsPeersBlocksAfterTheNetworkDelay) {
 
 TEST(SimStoreTest, CompletesAfterTheBandwidthDelayAndEvictsLru) {
   kvcache::ManualClock clock(0);
-  SimStore s({"host", 2000, 1000, 1000.0, 500.0}, &clock);  // 2 blocks; read 1 s, write 2 s per block
+  auto store = SimStore::Create({"host", 2000, 1000, 1000.0, 500.0}, &clock);  // 2 blocks; read 1 s, write 2 s per block
+  ASSERT_TRUE(store.ok());
+  SimStore& s = **store;
   EXPECT_EQ(s.max_blocks(), 2u);
   BlockHash a, b, c;
   a.digest[0] = 1;
