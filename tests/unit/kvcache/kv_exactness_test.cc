@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kvcache/eviction_policy.h"
 #include "kvcache/host_store.h"
 #include "kvcache/kv_manager.h"
 #include "model/forward.h"
@@ -21,7 +22,8 @@ constexpr int kBlockSize = 4;
 constexpr int kNumBlocks = 64;
 constexpr int kNewTokens = 12;
 
-class KvExactnessTest : public ::testing::Test {
+// Parameter: the eviction policy of the device pool and the host tier.
+class KvExactnessTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     auto m = LoadModel(testing::Stories260KPath());
@@ -44,6 +46,7 @@ class KvExactnessTest : public ::testing::Test {
     o.block_bytes = engine_->kv_layout().block_bytes();
     o.ns = NamespaceDigest(model_->weights.digest, model_->weights.config.arch, "f32", kBlockSize);
     o.load_policy = LoadPolicy::kAlways;
+    o.eviction_policy = GetParam();
     auto mem = [e = engine_.get()](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
     auto m = KvManager::Create(o, mem, host, &clock_);
     EXPECT_TRUE(m.ok());
@@ -99,7 +102,7 @@ class KvExactnessTest : public ::testing::Test {
   std::unique_ptr<ForwardEngine> engine_;
 };
 
-TEST_F(KvExactnessTest, PrefixFromDeviceMatchesColdRun) {
+TEST_P(KvExactnessTest, PrefixFromDeviceMatchesColdRun) {
   auto a = PromptA(), b = PromptB();
   ASSERT_GT(b.size(), 3u * kBlockSize);
   auto cold_mgr = MakeManager(nullptr);
@@ -113,13 +116,14 @@ TEST_F(KvExactnessTest, PrefixFromDeviceMatchesColdRun) {
   EXPECT_EQ(warm_b, cold_b);
 }
 
-TEST_F(KvExactnessTest, PrefixFromHostMatchesColdRun) {
+TEST_P(KvExactnessTest, PrefixFromHostMatchesColdRun) {
   auto a = PromptA(), b = PromptB();
   auto cold_mgr = MakeManager(nullptr);
   const auto cold_b = Generate(*cold_mgr, 1, b);
 
   auto host = std::move(HostStore::Create({256ull * engine_->kv_layout().block_bytes(),
-                                           engine_->kv_layout().block_bytes(), false})).value();
+                                           engine_->kv_layout().block_bytes(), false, true, {}, GetParam()}))
+                  .value();
   auto mgr = MakeManager(host.get());
   Generate(*mgr, 1, a);
   EvictDeviceAndScribble(*mgr);
@@ -131,6 +135,9 @@ TEST_F(KvExactnessTest, PrefixFromHostMatchesColdRun) {
   EXPECT_GT(mgr->stats().bytes_up, 0u);
   EXPECT_EQ(warm_b, cold_b);
 }
+
+INSTANTIATE_TEST_SUITE_P(Policies, KvExactnessTest, ::testing::ValuesIn(EvictionPolicyNames()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace strata::kvcache

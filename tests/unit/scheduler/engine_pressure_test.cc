@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "kvcache/disk_store.h"
+#include "kvcache/eviction_policy.h"
 #include "kvcache/host_store.h"
 #include "model/model_loader.h"
 #include "scheduler/engine.h"
@@ -96,7 +97,9 @@ std::string Join(const std::vector<int32_t>& v) {
   return s;
 }
 
-class EnginePressureTest : public ::testing::Test {
+// Parameter: the eviction policy of the device pool and the host tier
+// (kvcache/eviction_policy.h); exactness must not depend on it.
+class EnginePressureTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     auto m = LoadModel(testing::Stories260KPath());
@@ -128,7 +131,7 @@ class EnginePressureTest : public ::testing::Test {
     ASSERT_GE(block_bytes, 4096u) << "the disk store needs blocks of at least 4096 bytes";
 
     auto host = kvcache::HostStore::Create({kHostBlocks * block_bytes, block_bytes, /*metadata_only=*/false,
-                                            /*pin=*/false, {}});
+                                            /*pin=*/false, {}, GetParam()});
     ASSERT_TRUE(host.ok()) << host.error().ToString();
     host_ = std::move(host).value();
     const uint64_t slot = (block_bytes + 4095) / 4096 * 4096;
@@ -152,6 +155,7 @@ class EnginePressureTest : public ::testing::Test {
     o.block_bytes = block_bytes;
     o.ns = kvcache::NamespaceDigest(model_->weights.digest, model_->weights.config.arch, "f32", kBlockSize);
     o.load_policy = kvcache::LoadPolicy::kAlways;
+    o.eviction_policy = GetParam();
     std::vector<kvcache::LowerTier> tiers = {{host_.get(), kvcache::WritePolicy::kWriteThrough, 0, 0},
                                              {disk_.get(), kvcache::WritePolicy::kWriteThrough, 0, 0}};
     auto mem = [e = fwd_.get()](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
@@ -211,7 +215,7 @@ class EnginePressureTest : public ::testing::Test {
   std::vector<std::vector<int32_t>> prompts_;
 };
 
-TEST_F(EnginePressureTest, SharedPrefixesUnderEvictionPreemptionCancelAndDeadlines) {
+TEST_P(EnginePressureTest, SharedPrefixesUnderEvictionPreemptionCancelAndDeadlines) {
   std::vector<std::vector<int32_t>> refs;
   for (const auto& p : prompts_) refs.push_back(Reference(p));
   for (const auto& r : refs) ASSERT_EQ(r.size(), static_cast<size_t>(kMaxTokens));
@@ -395,6 +399,9 @@ TEST_F(EnginePressureTest, SharedPrefixesUnderEvictionPreemptionCancelAndDeadlin
 // RequestId while loads of its first life are still in flight. Those stale
 // completions must not count for the new life: it must become ready exactly
 // when its own loads finish, with its own blocks named.
+INSTANTIATE_TEST_SUITE_P(Policies, EnginePressureTest, ::testing::ValuesIn(kvcache::EvictionPolicyNames()),
+                         [](const auto& info) { return info.param; });
+
 TEST(KvManagerReuseTest, StaleLoadCompletionsDoNotCountForAReusedRequestId) {
   constexpr uint64_t kBytes = 64;
   constexpr int32_t kBlocks = 16;
