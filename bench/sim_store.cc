@@ -30,6 +30,10 @@ kvcache::StoreStats SimStore::stats() const {
   s.used_bytes = s.blocks * options_.block_bytes;
   s.evictions = evictions_;
   s.write_errors = write_errors_;
+  if (!remote()) {
+    s.eviction_policy = std::string(policy_->name());
+    s.policy = policy_->stats();
+  }
   return s;
 }
 

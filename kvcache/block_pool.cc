@@ -26,6 +26,8 @@ BlockPoolStats BlockPool::stats() const {
   s.in_use = s.num_blocks - s.free - s.cached;
   s.indexed = static_cast<int32_t>(index_.size());
   s.evictions = evictions_;
+  s.eviction_policy = std::string(policy_->name());
+  s.policy = policy_->stats();
   return s;
 }
 

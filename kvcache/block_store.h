@@ -25,6 +25,7 @@
 #include "common/memory_segment.h"
 #include "common/sha256.h"
 #include "common/status.h"
+#include "kvcache/eviction_policy.h"
 #include "kvcache/tier_kind.h"
 
 namespace strata::kvcache {
@@ -41,6 +42,8 @@ struct StoreStats {
   uint64_t evictions = 0;
   uint64_t corrupt_blocks = 0;  // checksum mismatch, truncated slab, bad index entry
   uint64_t write_errors = 0;    // ENOSPC, EIO, ...
+  std::string eviction_policy;  // kvcache/eviction_policy.h name; empty for tiers that evict nothing (remote)
+  PolicyStats policy;           // its decisions (a store without a policy object fills what it counts)
 };
 
 class BlockStore {

@@ -380,7 +380,12 @@ bool DiskStoreImpl::NamespaceAllowed(const Sha256Digest& ns) const {
              options_.namespaces.end();
 }
 
-StoreStats DiskStoreImpl::stats() const { return stats_; }
+StoreStats DiskStoreImpl::stats() const {
+  StoreStats s = stats_;
+  s.eviction_policy = "lru";  // the disk tier's own LRU (kept across restarts), not a policy object
+  s.policy.evicted = s.evictions;
+  return s;
+}
 
 bool DiskStoreImpl::Contains(const BlockHash& h) const {
   auto it = entries_.find(h);

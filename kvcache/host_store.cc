@@ -160,6 +160,8 @@ StoreStats HostStore::stats() const {
   s.used_bytes = s.blocks * block_bytes_;
   s.evictions = evictions_;
   s.write_errors = write_errors_;
+  s.eviction_policy = std::string(policy_->name());
+  s.policy = policy_->stats();
   return s;
 }
 

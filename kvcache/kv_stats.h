@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/eviction_policy.h"
 #include "kvcache/tier_kind.h"
 
 namespace strata::kvcache {
@@ -19,9 +20,11 @@ struct BlockPoolStats {
   int32_t num_blocks = 0;
   int32_t in_use = 0;      // ref > 0
   int32_t free = 0;        // ref == 0, no hash
-  int32_t cached = 0;      // ref == 0, hashed, in the LRU
+  int32_t cached = 0;      // ref == 0, hashed, evictable
   int32_t indexed = 0;     // blocks with a hash (in use or cached)
   uint64_t evictions = 0;  // cached blocks whose hash was dropped for reuse
+  std::string eviction_policy;  // its name
+  PolicyStats policy;           // its decisions
 };
 
 struct TierHits {
@@ -53,6 +56,8 @@ struct LowerTierStats {
   TierLatencyCounts load_latency{};    // completed loads (OK or not) by latency bucket
   TierLatencyCounts write_latency{};   // completed writes (OK or not) by latency bucket
   uint64_t corrupt_blocks = 0;         // the store's StoreStats::corrupt_blocks (filled by stats())
+  std::string eviction_policy;         // the store's StoreStats (filled by stats())
+  PolicyStats policy;
 };
 
 struct KvManagerStats {

@@ -655,8 +655,12 @@ void TierMover::FillStats(KvManagerStats* s) const {
   s->loads_failed = stats_.loads_failed;
   s->load_nanos = stats_.load_nanos;
   s->tiers = stats_.tiers;
-  for (size_t i = 0; i < s->tiers.size() && i < lowers_.size(); ++i)
-    s->tiers[i].corrupt_blocks = lowers_[i].store->stats().corrupt_blocks;
+  for (size_t i = 0; i < s->tiers.size() && i < lowers_.size(); ++i) {
+    const StoreStats st = lowers_[i].store->stats();
+    s->tiers[i].corrupt_blocks = st.corrupt_blocks;
+    s->tiers[i].eviction_policy = st.eviction_policy;
+    s->tiers[i].policy = st.policy;
+  }
 }
 
 }  // namespace strata::kvcache

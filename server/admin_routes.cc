@@ -60,6 +60,19 @@ json HitsJson(const kvcache::TierHits& h) {
 
 }  // namespace
 
+namespace {
+json PolicyJson(const std::string& name, const kvcache::PolicyStats& p) {
+  return {{"name", name},
+          {"inserted", p.inserted},
+          {"rejected", p.rejected},
+          {"hits", p.hits},
+          {"evicted", p.evicted},
+          {"evicted_unused", p.evicted_unused},
+          {"evicted_expired", p.evicted_expired},
+          {"removed", p.removed}};
+}
+}  // namespace
+
 json CacheStatsJson(const scheduler::EngineStats& s) {
   json j;
   j["requests"] = {{"running", s.num_running},     {"waiting", s.num_waiting},
@@ -98,6 +111,7 @@ json CacheStatsJson(const scheduler::EngineStats& s) {
               {"usage_ratio", u.usage_ratio}};
     if (u.kind == kvcache::TierKind::kDevice) {
       t["hits"] = HitsJson(kv.device);
+      t["eviction_policy"] = PolicyJson(pool.eviction_policy, pool.policy);
     } else if (auto it = lower.find(u.name); it != lower.end()) {
       const auto& l = *it->second;
       t["hits"] = HitsJson(l.hits);
@@ -108,6 +122,7 @@ json CacheStatsJson(const scheduler::EngineStats& s) {
       t["loads_failed"] = l.loads_failed;
       t["admissions_deferred"] = l.admissions_deferred;
       t["load_seconds"] = static_cast<double>(l.load_nanos) / 1e9;
+      if (!l.eviction_policy.empty()) t["eviction_policy"] = PolicyJson(l.eviction_policy, l.policy);
     }
     tiers.push_back(std::move(t));
   }

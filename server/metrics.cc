@@ -142,6 +142,11 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
   device_evictions_ =
       counter_family("strata_kv_device_evictions_total",
                      "Cached device blocks whose contents were dropped for reuse or by a flush.");
+  policy_decisions_ = counter_family(
+      "strata_kv_policy_decisions_total",
+      "Decisions of each tier's eviction policy (kv.eviction_policy): decision=inserted, rejected (not admitted), "
+      "hit, evicted, evicted_unused (evicted without a hit since stored), evicted_expired (its keep time had "
+      "passed), removed (flush).");
   tier_written_ = counter_family("strata_kv_tier_bytes_written_total",
                                  "Bytes written from device to each lower tier.");
   tier_read_ = counter_family("strata_kv_tier_bytes_read_total",
@@ -285,6 +290,19 @@ void ServerMetrics::SetDelta(prometheus::Family<prometheus::Counter>& family,
   d.last = value;
 }
 
+void ServerMetrics::SetPolicyDecisions(std::map<std::string, std::string> tier, const std::string& policy,
+                                       const kvcache::PolicyStats& p) {
+  tier["policy"] = policy;
+  for (const auto& [decision, value] :
+       {std::pair{"inserted", p.inserted}, std::pair{"rejected", p.rejected}, std::pair{"hit", p.hits},
+        std::pair{"evicted", p.evicted}, std::pair{"evicted_unused", p.evicted_unused},
+        std::pair{"evicted_expired", p.evicted_expired}, std::pair{"removed", p.removed}}) {
+    std::map<std::string, std::string> labels = tier;
+    labels["decision"] = decision;
+    SetDelta(*policy_decisions_, "policy", labels, static_cast<double>(value));
+  }
+}
+
 std::map<std::string, std::string> ServerMetrics::TierLabels(kvcache::TierKind kind, const std::string& name) {
   return {{"tier", std::string(kvcache::TierKindName(kind))}, {"tier_name", name}};
 }
@@ -327,6 +345,10 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s, const FrontDo
     SetDelta(*engine_step_tokens_, "step_tokens", {{"kind", "decode"}}, static_cast<double>(s.step_decode_tokens));
     SetDelta(*rejected_, "rejected", {}, static_cast<double>(s.rejected_queue_full));
     SetDelta(*device_evictions_, "evictions", {}, static_cast<double>(s.kv.device_pool.evictions));
+    SetPolicyDecisions(TierLabels(kvcache::TierKind::kDevice, s.tiers.empty() ? "device" : s.tiers[0].name),
+                       s.kv.device_pool.eviction_policy, s.kv.device_pool.policy);
+    for (const auto& t : s.kv.tiers)
+      if (!t.eviction_policy.empty()) SetPolicyDecisions(TierLabels(t.kind, t.name), t.eviction_policy, t.policy);
     for (const auto& t : s.kv.tiers) {
       const std::map<std::string, std::string> tier = TierLabels(t.kind, t.name);
       SetDelta(*cache_hits_, "hits", tier, static_cast<double>(t.hits.tokens));

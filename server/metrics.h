@@ -100,6 +100,9 @@ class ServerMetrics final : public RequestObserver {
                     int64_t nanos);
   void SetDelta(prometheus::Family<prometheus::Counter>& family, const std::string& key,
                 const std::map<std::string, std::string>& labels, double value);
+  // strata_kv_policy_decisions_total for one tier.
+  void SetPolicyDecisions(std::map<std::string, std::string> tier, const std::string& policy,
+                          const kvcache::PolicyStats& p);
   // The labels of a per-tier series: `tier`, its kind from the table of
   // kvcache/tier_kind.h, and `tier_name`, its configured name.
   static std::map<std::string, std::string> TierLabels(kvcache::TierKind kind, const std::string& name);
@@ -140,6 +143,7 @@ class ServerMetrics final : public RequestObserver {
   prometheus::Family<prometheus::Counter>* engine_step_tokens_ = nullptr;
   prometheus::Family<prometheus::Counter>* rejected_ = nullptr;
   prometheus::Family<prometheus::Counter>* device_evictions_ = nullptr;
+  prometheus::Family<prometheus::Counter>* policy_decisions_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_written_ = nullptr;        // {tier}
   prometheus::Family<prometheus::Counter>* tier_read_ = nullptr;           // {tier}
   prometheus::Family<prometheus::Counter>* tier_load_failures_ = nullptr;  // {tier}

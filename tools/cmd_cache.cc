@@ -113,6 +113,15 @@ void PrintStats(const json& j) {
   std::printf("\ndevice blocks: %.0f total, %.0f in use, %.0f cached, %.0f free; %.0f evictions\n",
               Num(db, "total"), Num(db, "in_use"), Num(db, "cached"), Num(db, "free"),
               Num(db, "evictions"));
+  std::printf("\n%-8s %-9s %10s %10s %10s %10s %14s %10s\n", "tier", "policy", "stored", "rejected", "hits",
+              "evicted", "evicted unused", "expired");
+  for (const json& t : j.value("tiers", json::array())) {
+    const json& p = t.value("eviction_policy", json::object());
+    if (p.empty()) continue;
+    std::printf("%-8s %-9s %10.0f %10.0f %10.0f %10.0f %14.0f %10.0f\n", t.value("name", std::string("?")).c_str(),
+                p.value("name", std::string("?")).c_str(), Num(p, "inserted"), Num(p, "rejected"), Num(p, "hits"),
+                Num(p, "evicted"), Num(p, "evicted_unused"), Num(p, "evicted_expired"));
+  }
 }
 
 void PrintLookup(const json& j) {

@@ -1,7 +1,8 @@
 // `strata cache stats|lookup|flush` and GET /metrics against a real
 // `strata serve` (the tiny synthetic model, a device pool and a host tier,
 // an admin token): what the CLI reports matches what requests did, flushing
-// moves the prefix down or away, the admin token is enforced, and Prometheus's
+// moves the prefix down or away, the admin token is enforced, each tier's
+// eviction policy (s3fifo here) reports its decisions, and Prometheus's
 // promtool accepts the live exposition.
 
 #include <cstdlib>
@@ -29,7 +30,8 @@ class AdminCliTest : public ::testing::Test {
     auto model = TinyModelPath();
     ASSERT_TRUE(model.ok()) << model.error().ToString();
     auto s = ServerProcess::Start({"--model", *model, "--admin-token", kToken, "--kv-block-size", "4",
-                                   "--kv-host-bytes", "16M", "--kv-load-policy", "always", "--threads", "1"});
+                                   "--kv-host-bytes", "16M", "--kv-load-policy", "always", "--kv-eviction-policy", "s3fifo",
+                                   "--threads", "1"});
     ASSERT_TRUE(s.ok()) << s.error().ToString();
     server_ = std::move(s).value();
   }
@@ -75,9 +77,20 @@ TEST_F(AdminCliTest, StatsLookupFlushAndMetrics) {
   ASSERT_EQ(j["tiers"].size(), 2u);
   EXPECT_EQ(j["tiers"][1]["name"], "host");
   EXPECT_GT(j["tiers"][1]["bytes_written"].get<double>(), 0);
+  // The policies' decisions: the device pool stored the prompt's blocks and
+  // the second request hit them; the host tier stored what was written down.
+  const json& dp = j["tiers"][0]["eviction_policy"];
+  EXPECT_EQ(dp["name"], "s3fifo");
+  EXPECT_GE(dp["inserted"].get<int>(), cached / 4);
+  EXPECT_EQ(dp["hits"].get<int>(), cached / 4);
+  EXPECT_EQ(dp["evicted"].get<int>(), 0);
+  const json& hp = j["tiers"][1]["eviction_policy"];
+  EXPECT_EQ(hp["name"], "s3fifo");
+  EXPECT_GE(hp["inserted"].get<int>(), cached / 4);
   r = Cache("stats");  // the table
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("host"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("s3fifo"), std::string::npos) << r.out;
 
   r = Cache("lookup --json --prompt " + ShellQuote(kPrompt), &j);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -122,6 +135,17 @@ TEST_F(AdminCliTest, StatsLookupFlushAndMetrics) {
   EXPECT_GE(MetricValue(m.body, "strata_request_errors_total", R"(code="401")").value_or(0), 2);
   EXPECT_EQ(MetricValue(m.body, "strata_num_requests_running"), 0);
   EXPECT_EQ(MetricValue(m.body, "strata_kv_device_blocks_in_use"), 0);
+  EXPECT_GE(MetricValue(m.body, "strata_kv_policy_decisions_total",
+                        R"(tier="device",policy="s3fifo",decision="inserted")").value_or(0),
+            cached / 4);
+  EXPECT_GE(MetricValue(m.body, "strata_kv_policy_decisions_total",
+                        R"(tier="device",policy="s3fifo",decision="removed")").value_or(0),
+            cached / 4)
+      << "the flushes removed the device blocks";
+  EXPECT_GE(MetricValue(m.body, "strata_kv_policy_decisions_total",
+                        R"(tier="host",policy="s3fifo",decision="hit")").value_or(0),
+            cached / 4)
+      << "the load from host counts as a hit";
 
   if (RunCommand("command -v promtool").exit_code != 0) {
     const char* require = std::getenv("STRATA_REQUIRE_REFS");
