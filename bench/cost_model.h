@@ -54,6 +54,7 @@ struct InstanceConfig {
   // Eviction policy of the device pool and the default of the lower tiers
   // (kvcache/eviction_policy.h; kv.eviction_policy live).
   std::string eviction_policy = "lru";
+  std::string host_eviction_policy;  // the host tier's; empty = eviction_policy
   bool remote = false;
   double remote_read_bytes_per_s = 0;  // 0 = instant
   double remote_latency_s = 0;

@@ -111,12 +111,19 @@ Status SimStore::SubmitRead(const BlockHash& h, const Region& /*dst*/, uint64_t 
 }
 
 void SimStore::Insert(const BlockHash& h) {
-  if (index_.count(h) != 0) {
-    Touch(h);
+  int64_t keep = 0;
+  if (auto k = keep_pending_.find(h); k != keep_pending_.end()) {
+    keep = k->second;
+    keep_pending_.erase(k);
+  }
+  if (auto it = index_.find(h); it != index_.end()) {
+    policy_->Access(it->second);
+    if (keep > 0) policy_->KeepUntil(it->second, keep);
     return;
   }
   kvcache::BlockTraits traits;
   traits.key = kvcache::BlockHashHasher{}(h);
+  traits.keep_until_nanos = keep;
   policy_->SetNow(clock_->NowNanos());
   if (!policy_->Admit(traits)) return;
   int32_t slot;
@@ -127,7 +134,7 @@ void SimStore::Insert(const BlockHash& h) {
     slot = static_cast<int32_t>(slot_hash_.size());
     slot_hash_.emplace_back();
   } else {
-    slot = policy_->Victim();
+    slot = policy_->Victim();  // SetNow above
     if (slot < 0) return;  // nothing evictable (a simulated store pins nothing; unreachable)
     policy_->Erase(slot, /*evicted=*/true);
     index_.erase(slot_hash_[static_cast<size_t>(slot)]);
@@ -136,6 +143,18 @@ void SimStore::Insert(const BlockHash& h) {
   slot_hash_[static_cast<size_t>(slot)] = h;
   index_.emplace(h, slot);
   policy_->Insert(slot, traits, /*evictable=*/true);
+}
+
+void SimStore::KeepFor(const BlockHash& h, int64_t nanos) {
+  const int64_t until_nanos = clock_->NowNanos() + nanos;
+  if (remote()) return;
+  if (auto it = index_.find(h); it != index_.end()) {
+    policy_->KeepUntil(it->second, until_nanos);
+    return;
+  }
+  if (keep_pending_.size() > max_blocks_ + 1024) keep_pending_.clear();  // asks for writes that never landed
+  int64_t& k = keep_pending_[h];
+  k = std::max(k, until_nanos);
 }
 
 void SimStore::Touch(const BlockHash& h) {

@@ -76,6 +76,8 @@ class SimStore final : public kvcache::BlockStore {
   // Completes everything pending regardless of time (shutdown).
   void Drain(std::vector<kvcache::StoreCompletion>* out) override;
 
+  // On the injected clock; remembered until the block's write completes.
+  void KeepFor(const BlockHash& h, int64_t nanos) override;
   Status Remove(const BlockHash& h) override;
   Status Flush(const Sha256Digest* ns) override;
 
@@ -113,6 +115,7 @@ class SimStore final : public kvcache::BlockStore {
   std::vector<BlockHash> slot_hash_;  // grown up to max_blocks_ as blocks arrive
   std::vector<int32_t> free_slots_;
   std::unordered_map<BlockHash, int32_t, kvcache::BlockHashHasher> index_;
+  std::unordered_map<BlockHash, int64_t, kvcache::BlockHashHasher> keep_pending_;  // asked before the write landed
   std::priority_queue<Pending, std::vector<Pending>, std::greater<Pending>> pending_;
   int64_t read_free_nanos_ = 0, write_free_nanos_ = 0;
   uint64_t next_seq_ = 0;

@@ -126,7 +126,7 @@ std::vector<kvcache::TierSpec> SimTierSpecs(const InstanceConfig& ic) {
     h.name = "host";
     h.bytes = ic.host_bytes;
     h.write_policy = ic.host_write_policy;
-    h.eviction_policy = ic.eviction_policy;
+    h.eviction_policy = ic.host_eviction_policy.empty() ? ic.eviction_policy : ic.host_eviction_policy;
     h.source = "instance.host_bytes";
     specs.push_back(std::move(h));
   }

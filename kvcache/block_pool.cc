@@ -49,8 +49,9 @@ bool BlockPool::Allocate(int32_t n, std::vector<BlockId>* out) {
     } else {
       i = policy_->Victim();
       assert(i >= 0);
-      policy_->Erase(i, /*evicted=*/true);
+      // Before the policy forgets it: the hook may ask keep_until().
       if (evict_hook_) evict_hook_(BlockId(static_cast<uint32_t>(i)), hash_[static_cast<size_t>(i)]);
+      policy_->Erase(i, /*evicted=*/true);
       DropHash(i);
       ++evictions_;
     }

@@ -22,7 +22,7 @@
 // Eviction hook: set_evict_hook(fn) has Allocate() call fn(id, hash) for
 // every cached block it evicts, just before the block is handed out (its
 // bytes still hold the evicted contents; the hook must not call back into the
-// pool). EvictAllCached (operator flush) does not call it: a flush discards.
+// pool, except const queries such as keep_until). EvictAllCached (operator flush) does not call it: a flush discards.
 //
 // Thread-safety: none; one thread (the engine loop) owns the pool.
 
@@ -99,6 +99,12 @@ class BlockPool {
   [[nodiscard]] bool Register(BlockId id, const BlockHash& h) { return Register(id, h, RegisterHints{}); }
 
   const EvictionPolicy& policy() const { return *policy_; }
+  // A request that reused block `id` asks it kept until `until_nanos`
+  // (cache_ttl_seconds; never lowers an earlier ask). REQUIRES: has_hash(id).
+  void KeepUntil(BlockId id, int64_t until_nanos) {
+    policy_->KeepUntil(static_cast<int32_t>(id.value()), until_nanos);
+  }
+  int64_t keep_until(BlockId id) const { return policy_->keep_until(static_cast<int32_t>(id.value())); }
   // Sets the time keep_until is compared with (kvcache::Clock nanoseconds).
   void SetNow(int64_t now_nanos) { policy_->SetNow(now_nanos); }
 

@@ -162,6 +162,16 @@ class BlockStore {
     return false;
   }
   virtual void Unpin(const BlockHash& h) { (void)h; }
+  // A request asked `h` kept for `nanos` from now (its cache_ttl_seconds;
+  // a duration, as the store may run on its own clock): the store evicts
+  // other blocks first until then. Called after SubmitWrite(h) or a read of
+  // h; a store whose writes complete later remembers it for when the block
+  // arrives. Never shortens an earlier ask. Default: ignored (stores that
+  // evict nothing).
+  virtual void KeepFor(const BlockHash& h, int64_t nanos) {
+    (void)h;
+    (void)nanos;
+  }
 
   // A read rate measured from this store's own recent reads (bytes/s), for
   // the `auto` load policy; 0 = none measured (the configured estimate

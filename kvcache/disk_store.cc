@@ -1,5 +1,7 @@
 #include "kvcache/disk_store.h"
 
+#include "kvcache/clock.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -85,6 +87,9 @@ class DiskStoreImpl final : public DiskStore {
   size_t Poll(std::vector<StoreCompletion>* out) override;
   void Drain(std::vector<StoreCompletion>* out) override;
   Status Remove(const BlockHash& h) override;
+  // Honoured with the real clock: EvictOne passes over kept blocks (up to
+  // kKeepScan of them) before taking the least recently used.
+  void KeepFor(const BlockHash& h, int64_t nanos) override;
   std::vector<BlockHash> HeldBlocks() const override {
     std::vector<BlockHash> out;
     out.reserve(entries_.size());
@@ -150,6 +155,8 @@ class DiskStoreImpl final : public DiskStore {
 
   std::unordered_map<BlockHash, Entry, HashOfBlockHash> entries_;
   std::list<BlockHash> lru_;
+  std::unordered_map<BlockHash, int64_t, HashOfBlockHash> keep_;  // cache_ttl_seconds asks, by hash
+  static constexpr int kKeepScan = 256;
   std::unordered_set<BlockHash, HashOfBlockHash> dirty_;  // last_use to persist
   uint64_t use_seq_ = 0;
 
@@ -475,9 +482,30 @@ void DiskStoreImpl::FreeSlot(uint32_t slot) {
   free_slots_.push_back(slot);
 }
 
+void DiskStoreImpl::KeepFor(const BlockHash& h, int64_t nanos) {
+  const int64_t until_nanos = RealClock()->NowNanos() + nanos;
+  if (keep_.size() > entries_.size() + 1024) {  // asks for blocks that never arrived
+    for (auto it = keep_.begin(); it != keep_.end();) it = entries_.contains(it->first) ? std::next(it) : keep_.erase(it);
+  }
+  int64_t& k = keep_[h];
+  k = std::max(k, until_nanos);
+}
+
 bool DiskStoreImpl::EvictOne() {
   if (lru_.empty()) return false;
   BlockHash victim = lru_.back();
+  if (!keep_.empty()) {
+    // The least recently used block nobody asked kept, among the oldest kKeepScan.
+    const int64_t now = RealClock()->NowNanos();
+    int scanned = 0;
+    for (auto it = lru_.rbegin(); it != lru_.rend() && scanned < kKeepScan; ++it, ++scanned) {
+      auto k = keep_.find(*it);
+      if (k == keep_.end() || k->second <= now) {
+        victim = *it;
+        break;
+      }
+    }
+  }
   Status s = DropEntry(victim, false, "evicted");
   if (!s.ok())
     STRATA_LOG_WARN("disk store {}: evicting {}: {}", options_.directory, Short(victim),
@@ -493,6 +521,7 @@ Status DiskStoreImpl::DropEntry(const BlockHash& h, bool corrupt, std::string_vi
   lru_.erase(it->second.lru);
   entries_.erase(it);
   dirty_.erase(h);
+  keep_.erase(h);
   NotifyChanged(h, false);
   stats_.blocks = entries_.size();
   stats_.used_bytes = entries_.size() * slot_bytes_;

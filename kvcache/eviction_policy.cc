@@ -156,6 +156,17 @@ void PolicyCore::Erase(int32_t slot, bool evicted) {
   x.gen = gen;
 }
 
+void PolicyCore::KeepUntil(int32_t slot, int64_t until_nanos) {
+  Slot& x = m(slot);
+  assert(x.held);
+  if (until_nanos <= x.keep_until) return;
+  const bool parked = x.evictable;
+  if (parked) Unpark(slot);
+  x.keep_until = until_nanos;
+  x.had_keep = true;
+  if (parked) Park(slot);
+}
+
 void PolicyCore::ExpireKept() {
   while (!kept_.empty() && kept_.begin()->first <= now_) {
     const int32_t slot = kept_.begin()->second;

@@ -107,6 +107,10 @@ class EvictionPolicy {
   virtual void Erase(int32_t slot, bool evicted) = 0;
   // The evictable slot to evict next, or -1 when none is evictable.
   virtual int32_t Victim() = 0;
+  // Raises the slot's keep_until to `until_nanos` (never lowers it): a
+  // request reused the block and asked it kept. REQUIRES: slot held.
+  virtual void KeepUntil(int32_t slot, int64_t until_nanos) = 0;
+  virtual int64_t keep_until(int32_t slot) const = 0;  // 0 for a slot not held
 
   virtual bool held(int32_t slot) const = 0;
   virtual bool evictable(int32_t slot) const = 0;

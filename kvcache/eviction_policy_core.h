@@ -26,6 +26,8 @@ class PolicyCore : public EvictionPolicy {
   void SetEvictable(int32_t slot, bool evictable) final;
   void Erase(int32_t slot, bool evicted) final;
   int32_t Victim() final;
+  void KeepUntil(int32_t slot, int64_t until_nanos) final;
+  int64_t keep_until(int32_t slot) const final { return s(slot).held ? s(slot).keep_until : 0; }
 
   bool held(int32_t slot) const final { return s(slot).held; }
   bool evictable(int32_t slot) const final { return s(slot).evictable; }

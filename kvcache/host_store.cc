@@ -1,5 +1,7 @@
 #include "kvcache/host_store.h"
 
+#include "kvcache/clock.h"
+
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -201,6 +203,12 @@ std::optional<BlockStore::BlockLocation> HostStore::Locate(const BlockHash& h) c
   return BlockLocation{Region{segment_, u * block_bytes_, block_bytes_}, slot_sum_[u]};
 }
 
+void HostStore::KeepFor(const BlockHash& h, int64_t nanos) {
+  const int64_t until_nanos = RealClock()->NowNanos() + nanos;
+  auto it = index_.find(h);
+  if (it != index_.end()) policy_->KeepUntil(it->second, until_nanos);
+}
+
 bool HostStore::Pin(const BlockHash& h) {
   auto it = index_.find(h);
   if (it == index_.end()) return false;
@@ -242,6 +250,7 @@ Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const 
     return Status::Ok();
   }
   if (free_slots_.empty()) {
+    policy_->SetNow(RealClock()->NowNanos());  // for blocks kept by cache_ttl_seconds
     const int32_t victim = policy_->Victim();
     if (victim < 0) {
       ++write_errors_;

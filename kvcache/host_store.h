@@ -89,6 +89,8 @@ class HostStore final : public BlockStore {
   // The slot's region and the XXH3-64 of its bytes taken when stored
   // (metadata-only stores: nullopt).
   std::optional<BlockLocation> Locate(const BlockHash& h) const override;
+  // Honoured with the real clock (kvcache::RealClock), the engine's.
+  void KeepFor(const BlockHash& h, int64_t nanos) override;
   bool Pin(const BlockHash& h) override;
   void Unpin(const BlockHash& h) override;
   // Slots pinned now (including ones dropped while pinned).

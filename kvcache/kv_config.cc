@@ -80,7 +80,8 @@ std::string_view LoadPolicyName(LoadPolicy p) {
 Result<WritePolicy> ParseWritePolicy(std::string_view text) {
   if (text == "write-through") return WritePolicy::kWriteThrough;
   if (text == "write-back") return WritePolicy::kWriteBack;
-  return Status::InvalidArgument("must be write-through or write-back, not '" + std::string(text) + "'");
+  if (text == "exclusive") return WritePolicy::kExclusive;
+  return Status::InvalidArgument("must be write-through, write-back or exclusive, not '" + std::string(text) + "'");
 }
 
 std::string_view WritePolicyName(WritePolicy p) {
@@ -91,6 +92,8 @@ std::string_view WritePolicyName(WritePolicy p) {
       return "write-through";
     case WritePolicy::kWriteBack:
       return "write-back";
+    case WritePolicy::kExclusive:
+      return "exclusive";
   }
   return "write-through";
 }

@@ -152,8 +152,10 @@ void KvManager::CancelLookup(uint64_t id) {
 }
 
 Status KvManager::AddRequest(RequestId id, std::span<const int32_t> prompt, std::string_view cache_salt,
-                             const PrefixMatch* looked_up) {
+                             const PrefixMatch* looked_up, double keep_seconds) {
   if (prompt.empty()) return Status::InvalidArgument("kv manager: empty prompt");
+  if (!(keep_seconds >= 0) || keep_seconds > 1e9)
+    return Status::InvalidArgument("kv manager: keep_seconds must be in [0, 1e9]");
   if (requests_.contains(id))
     return Status::InvalidArgument("kv manager: request " + std::to_string(id.value()) +
                                    " is already tracked");
@@ -162,6 +164,7 @@ Status KvManager::AddRequest(RequestId id, std::span<const int32_t> prompt, std:
   r.salt.assign(cache_salt);
   r.chain = HashPrefix(options_.ns, prompt, options_.block_size, cache_salt);
   r.epoch = next_epoch_++;
+  r.keep_nanos = static_cast<int64_t>(keep_seconds * 1e9);
   if (looked_up != nullptr) {
     r.has_hint = true;
     r.hint_from = looked_up->device_tokens / options_.block_size;
@@ -232,6 +235,8 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
   stats_.query_tokens += r.prompt.size();
   stats_.device.blocks += d;
   stats_.device.tokens += d * bs;
+  if (const int64_t keep = KeepUntil(r); keep > 0)
+    for (BlockId b : hits) pool_.KeepUntil(b, keep);
   for (size_t i = 0; i < d; ++i) mover_->OnHit(hits[i], r.chain[i], -1);
   for (size_t i = d; i < d + h; ++i) {
     const auto index = static_cast<int32_t>(i);

@@ -122,8 +122,11 @@ class KvManager {
   // the first Allocate then loads the lower blocks it names instead of
   // asking the tiers again (a block gone since fails its load and is
   // recomputed, as any failed load).
+  // `keep_seconds` > 0 (the request's cache_ttl_seconds): every block the
+  // request names or reuses is kept, in each tier it reaches, for at least
+  // that long after (its eviction policy takes other blocks first).
   Status AddRequest(RequestId id, std::span<const int32_t> prompt, std::string_view cache_salt,
-                    const PrefixMatch* looked_up = nullptr);
+                    const PrefixMatch* looked_up = nullptr, double keep_seconds = 0);
 
   // Makes the request's block table cover `num_tokens` positions (the first
   // call also takes the cached prefix, possibly covering more). kNotNow:
@@ -234,15 +237,17 @@ class KvManager {
     bool has_hint = false;
     int32_t hint_from = 0;
     std::vector<int> hint;
-    int64_t keep_until = 0;  // Clock nanoseconds its blocks are kept (cache_ttl_seconds); 0 = none
+    int64_t keep_nanos = 0;  // how long its blocks are kept after each use (cache_ttl_seconds); 0 = no ask
   };
+  // Clock time until which the request's blocks are kept if used now (0: no ask).
+  int64_t KeepUntil(const Request& r) const { return r.keep_nanos > 0 ? clock_->NowNanos() + r.keep_nanos : 0; }
   // What the pool's policy is told of block k of the request when it is named.
   BlockPool::RegisterHints Hints(const Request& r, size_t k) const {
     BlockPool::RegisterHints h;
     h.depth = static_cast<int32_t>(k);
     h.chain_blocks = static_cast<int32_t>(r.prompt.size() / static_cast<size_t>(options_.block_size));
     h.parent = k > 0 ? &r.chain[k - 1] : nullptr;
-    h.keep_until_nanos = r.keep_until;
+    h.keep_until_nanos = KeepUntil(r);
     return h;
   }
   struct PendingLookup {

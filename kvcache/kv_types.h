@@ -25,6 +25,11 @@ enum class WritePolicy {
   kNone,          // nothing goes down to the lower tier
   kWriteThrough,  // every newly full block is copied down when committed
   kWriteBack,     // a block is copied down when the device pool evicts it
+  // Write-back, and a block loaded from this tier moves up: once the device
+  // holds it, the tier drops its copy (promotion on hit), so the tiers hold
+  // no block twice and their capacities add up (an exclusive hierarchy).
+  // Costs a write each time the device evicts a block again.
+  kExclusive,
 };
 
 enum class LoadPolicy {

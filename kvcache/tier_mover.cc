@@ -9,6 +9,11 @@
 namespace strata::kvcache {
 
 namespace {
+// Tiers that receive blocks when the level above evicts them.
+bool IsWriteBack(WritePolicy p) { return p == WritePolicy::kWriteBack || p == WritePolicy::kExclusive; }
+}  // namespace
+
+namespace {
 
 size_t LatencyBucket(int64_t nanos) {
   const double sec = static_cast<double>(nanos) * 1e-9;
@@ -98,7 +103,7 @@ Status TierMover::Init() {
     ts.name = t.name;
     ts.kind = t.store->kind();
     stats_.tiers.push_back(std::move(ts));
-    if (t.write_policy == WritePolicy::kWriteBack) any_writeback_ = true;
+    if (IsWriteBack(t.write_policy)) any_writeback_ = true;
   }
   size_t max_staging = 0;
   if (any_writeback_ || !device_host_) {
@@ -107,11 +112,12 @@ Status TierMover::Init() {
   }
   staging_ = std::make_unique<StagingBuffers>(segments_, options_.block_bytes, max_staging);
   if (any_writeback_) {
-    pool_->set_evict_hook([this](BlockId b, const BlockHash& h) { evicted_.emplace_back(b, h); });
+    pool_->set_evict_hook(
+        [this](BlockId b, const BlockHash& h) { evicted_.push_back({b, h, pool_->keep_until(b)}); });
     // A tier above a write-back tier passes its own evictions down.
     for (size_t i = 0; i + 1 < lowers_.size(); ++i) {
       bool below = false;
-      for (size_t j = i + 1; j < lowers_.size(); ++j) below = below || lowers_[j].write_policy == WritePolicy::kWriteBack;
+      for (size_t j = i + 1; j < lowers_.size(); ++j) below = below || IsWriteBack(lowers_[j].write_policy);
       if (below)
         lowers_[i].store->SetEvictionListener(
             [this, i](const BlockHash& h, const Region& data) { OnLowerEvicted(i, h, data); });
@@ -355,6 +361,12 @@ void TierMover::OnCommitted(BlockId block, const BlockHash& h) {
 
 void TierMover::OnHit(BlockId block, const BlockHash& h, int source) {
   if (lowers_.empty()) return;
+  if (source >= 0 && lowers_[static_cast<size_t>(source)].write_policy == WritePolicy::kExclusive) {
+    Promoted(source, h);
+  } else if (source >= 0) {
+    const int64_t keep = pool_->keep_until(block);
+    if (keep > clock_->NowNanos()) lowers_[static_cast<size_t>(source)].store->KeepFor(h, keep - clock_->NowNanos());
+  }
   int32_t staging = -1;  // as in OnCommitted
   uint32_t hits = 0;
   bool counting = false;
@@ -373,6 +385,15 @@ void TierMover::OnHit(BlockId block, const BlockHash& h, int source) {
       SubmitWrite(static_cast<int>(t), block, h, &staging);
   }
   staging_->PutBack(staging);
+}
+
+void TierMover::Promoted(int source, const BlockHash& h) {
+  // The device holds the block now: an exclusive tier drops its copy, unless
+  // another operation of this tier still reads or writes it (dropped later,
+  // when the device evicts it and it comes back down, or by the policy).
+  for (const auto& [tag, op] : ops_)
+    if (op.tier == source && op.hash == h) return;
+  if (lowers_[static_cast<size_t>(source)].store->Remove(h).ok()) ++stats_.tiers[static_cast<size_t>(source)].promoted;
 }
 
 void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h, int32_t* shared_staging) {
@@ -410,7 +431,10 @@ void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h, int32_t
     ++stats_.writes_failed;
     ++stats_.tiers[t].writes_failed;
     STRATA_LOG_WARN("kv manager: write to {} not submitted: {}", lowers_[t].name, s.ToString());
+    return;
   }
+  if (const int64_t left = pool_->keep_until(block) - clock_->NowNanos(); pool_->keep_until(block) > 0 && left > 0)
+    store->KeepFor(h, left);
 }
 
 int32_t TierMover::AcquireStaging(bool may_poll) {
@@ -420,7 +444,7 @@ int32_t TierMover::AcquireStaging(bool may_poll) {
 
 bool TierMover::AdmitsWriteBack(size_t t, const BlockHash& h) {
   const LowerTier& tier = lowers_[t];
-  if (tier.write_policy != WritePolicy::kWriteBack) return false;
+  if (!IsWriteBack(tier.write_policy)) return false;
   if (writes_in_flight_[t].contains(h) || tier.store->Contains(h)) return false;
   if (tier.admit_after > 0) {
     auto hc = hit_counts_.find(h);
@@ -484,9 +508,9 @@ void TierMover::WriteBackEvicted() {
   if (evicted_.empty()) return;
   // Moved out first: Poll (inside AcquireStaging) may complete loads whose
   // promotions allocate nothing, but keep this loop independent of evicted_.
-  std::vector<std::pair<BlockId, BlockHash>> evicted;
+  std::vector<Evicted> evicted;
   evicted.swap(evicted_);
-  for (const auto& [block, h] : evicted) {
+  for (const auto& [block, h, keep] : evicted) {
     int32_t staging = -1;
     for (size_t t = 0; t < lowers_.size(); ++t) {
       if (!AdmitsWriteBack(t, h)) continue;
@@ -495,14 +519,14 @@ void TierMover::WriteBackEvicted() {
         if (!StageOnce(t, &staging, BlockRegion(block), /*may_poll=*/true)) continue;
         data = staging_->region(staging);
       }
-      SubmitWriteBack(t, block, h, data, staging);
+      SubmitWriteBack(t, block, h, data, staging, keep);
     }
     staging_->PutBack(staging);  // taken, but every submission failed
   }
 }
 
 void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data,
-                                int32_t staging) {
+                                int32_t staging, int64_t keep_until) {
   const uint64_t tag = next_tag_++;
   Op op{OpKind::kWrite, static_cast<int>(t), block, h, clock_->NowNanos()};
   op.holds_block = false;
@@ -520,7 +544,9 @@ void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, con
     ++stats_.writes_failed;
     ++stats_.tiers[t].writes_failed;
     STRATA_LOG_WARN("kv manager: write-back to {} not submitted: {}", lowers_[t].name, s.ToString());
+    return;
   }
+  if (const int64_t left = keep_until - clock_->NowNanos(); keep_until > 0 && left > 0) lowers_[t].store->KeepFor(h, left);
 }
 
 void TierMover::OnLowerEvicted(size_t from, const BlockHash& h, const Region& data) {
@@ -535,7 +561,7 @@ void TierMover::OnLowerEvicted(size_t from, const BlockHash& h, const Region& da
       if (!StageOnce(t, &staging, data, /*may_poll=*/false)) continue;
       src = staging_->region(staging);
     }
-    SubmitWriteBack(t, BlockId(), h, src, staging);
+    SubmitWriteBack(t, BlockId(), h, src, staging, /*keep_until=*/0);
   }
   staging_->PutBack(staging);
 }

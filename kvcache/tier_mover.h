@@ -143,7 +143,8 @@ class TierMover {
   void OnCommitted(BlockId block, const BlockHash& h);
   // A block served from cache (device hit: source -1; or a finished load
   // from tier `source`): counts its hits, admits it where the count now
-  // suffices, and promotes it to write-through tiers above `source`.
+  // suffices, and promotes it to write-through tiers above `source`; an
+  // exclusive `source` tier drops its copy (the device holds it now).
   void OnHit(BlockId block, const BlockHash& h, int source);
   // Writes back the blocks the pool evicted since the last call. Call right
   // after every pool Allocate, before anything writes the evicted blocks.
@@ -217,7 +218,10 @@ class TierMover {
   // caller's tiers (-1: none yet; the caller puts it back when unused).
   void SubmitWrite(int tier, BlockId block, const BlockHash& h, int32_t* shared_staging);
   void OnLowerEvicted(size_t from, const BlockHash& h, const Region& data);
-  void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data, int32_t staging);
+  // Drops `h` from exclusive tier `source` after a load promoted it.
+  void Promoted(int source, const BlockHash& h);
+  void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data, int32_t staging,
+                       int64_t keep_until);
   // Whether tier `t` takes a write-back of `h` now (counts a deferral).
   bool AdmitsWriteBack(size_t t, const BlockHash& h);
   // The staging copy shared by one block's write-backs (see the top).
@@ -266,7 +270,12 @@ class TierMover {
   KvManagerStats stats_;  // the lower-tier fields only (FillStats)
   std::vector<StoreCompletion> completions_;  // reused by Poll
   bool any_writeback_ = false;
-  std::vector<std::pair<BlockId, BlockHash>> evicted_;  // by the pool's hook, until WriteBackEvicted
+  struct Evicted {
+    BlockId block;
+    BlockHash hash;
+    int64_t keep_until = 0;  // cache_ttl_seconds ask, passed down with the block
+  };
+  std::vector<Evicted> evicted_;  // by the pool's hook, until WriteBackEvicted
   std::unique_ptr<StagingBuffers> staging_;  // in segments_; made by Init
 };
 

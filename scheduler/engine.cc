@@ -384,7 +384,7 @@ bool Engine::Admit(int* budget, std::vector<Planned>* plan) {
         if (!s->blocked || s->match_step == 0) break;
         head_needs_blocks_ = true;
       }
-      if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt, &s->match); !a.ok()) {
+      if (Status a = kv_->AddRequest(s->id, s->tokens, s->req.cache_salt, &s->match, s->req.cache_ttl_seconds); !a.ok()) {
         Finish(*s, FinishReason::kError, a);
         any = true;
         continue;
@@ -493,7 +493,7 @@ bool Engine::Prefetch() {
     if (static_cast<double>(held + cost) > options_.prefetch_max_block_share * static_cast<double>(room)) continue;
     // Leave one block per running sequence for its next step.
     if (allocatable - cost < static_cast<int32_t>(running_.size())) continue;
-    if (!kv_->AddRequest(s->id, s->tokens, s->req.cache_salt, &m).ok()) continue;
+    if (!kv_->AddRequest(s->id, s->tokens, s->req.cache_salt, &m, s->req.cache_ttl_seconds).ok()) continue;
     s->match_step = 0;
     auto r = kv_->Allocate(s->id, 0);  // just the cached prefix; loads queued
     if (!r || *r != kvcache::AllocOutcome::kAllocated) {

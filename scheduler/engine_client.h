@@ -47,6 +47,9 @@ struct EngineRequest {
   std::vector<int32_t> stop_token_ids;     // in addition to the tokenizer's end-of-generation ids
   bool ignore_eos = false;
   std::string cache_salt;                  // tenant: blocks are shared only within one salt
+  // > 0: keep this request's prompt blocks cached at least this long after
+  // each use, in every tier (eviction takes other blocks first); 0 = no ask.
+  double cache_ttl_seconds = 0;
   int priority = 0;                        // lower runs first; ties: arrival order
   int64_t deadline_nanos = 0;              // Clock time after which it is cancelled; 0 = none
   // Continue a request another engine began (model/output_processor.h):

@@ -66,6 +66,7 @@ struct GenerationParams {
   std::optional<bool> add_special_tokens;  // absent: completions true (BOS), chat per template
   std::string user;
   std::string cache_salt;
+  double cache_ttl_seconds = 0;       // keep the prompt's KV at least this long after use (0 = no ask)
   int priority = 0;                   // lower runs first
 };
 

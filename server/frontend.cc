@@ -85,6 +85,11 @@ std::optional<ApiError> Frontend::Prepare(GenerationParams params, PreparedReque
         "'stop' may have at most 4 strings, got " + std::to_string(params.stop.size()), "stop");
   if (Status s = ValidateSamplingParams(params.sampling, model_.weights.config.vocab_size); !s.ok())
     return ApiError::BadRequest(s.message(), SamplingParam(s.message()));
+  // The HTTP parser checks it too; gRPC requests arrive here unchecked.
+  if (!(params.cache_ttl_seconds >= 0) || params.cache_ttl_seconds > 604800)
+    return ApiError::BadRequest("cache_ttl_seconds must be between 0 and 604800 (7 days), got " +
+                                    std::to_string(params.cache_ttl_seconds),
+                                "cache_ttl_seconds");
   const int32_t vocab = VocabLimit(model_);
   if (auto e = CheckIds(params.stop_token_ids, vocab, "stop_token_ids")) return e;
 
@@ -184,6 +189,7 @@ std::optional<ApiError> Frontend::Start(const PreparedRequest& request, EventFn 
     er.stop_token_ids = p.stop_token_ids;
     er.ignore_eos = p.ignore_eos;
     er.cache_salt = p.cache_salt;
+    er.cache_ttl_seconds = p.cache_ttl_seconds;
     er.priority = p.priority;
     auto sink = [gate, i](scheduler::RequestOutput&& ev) {
       if (gate->observer != nullptr) gate->observer->OnEvent(ev);

@@ -102,6 +102,7 @@ template <typename Request>
 void FromCommon(const Request& r, GenerationParams* p) {
   FromSampling(r.sampling(), p);
   p->cache_salt = r.cache_salt();
+  p->cache_ttl_seconds = r.cache_ttl_seconds();
   p->priority = r.priority();
   if (r.has_add_special_tokens()) p->add_special_tokens = r.add_special_tokens();
   p->user = r.user();

@@ -30,6 +30,7 @@ constexpr int kMaxDepth = 64;
 constexpr int kMaxStops = 4;
 constexpr int kMaxChatTopLogprobs = 20;
 constexpr int kMaxCompletionLogprobs = 5;
+constexpr double kMaxCacheTtlSeconds = 604800;  // 7 days
 // Logprobs of -inf (a token without probability mass) are sent as this, as
 // vLLM does: JSON has no infinity.
 constexpr float kMinLogprob = -9999.0f;
@@ -387,6 +388,15 @@ MaybeError ParseCommon(const json& j, ApiKind kind, GenerationParams* p) {
   if (present && p->cache_salt.empty())
     return ApiError::BadRequest("'cache_salt' must not be empty (leave it out for no salt)",
                                 "cache_salt");
+  {
+    double ttl = 0;
+    STRATA_RETURN_IF_API_ERROR(GetNumber(j, "cache_ttl_seconds", &ttl, &present));
+    if (present) {
+      if (!(ttl >= 0) || ttl > kMaxCacheTtlSeconds)
+        return RangeError("cache_ttl_seconds", "between 0 and 604800 (7 days)", ttl);
+      p->cache_ttl_seconds = ttl;
+    }
+  }
   STRATA_RETURN_IF_API_ERROR(GetInt(j, "priority", &v, &present));
   if (present) {
     if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
@@ -521,6 +531,7 @@ const std::unordered_set<std::string_view>& CommonKnown() {
                                                          "stream_options",
                                                          "user",
                                                          "cache_salt",
+                                                         "cache_ttl_seconds",
                                                          "priority",
                                                          "ignore_eos",
                                                          "stop_token_ids",

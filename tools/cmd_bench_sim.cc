@@ -43,7 +43,7 @@ struct SimFlags {
   int disk_admit_after = -1;
   std::string remote;  // "true" | "false": override the cluster pool; empty = keep
   std::string host_write_policy, disk_write_policy;  // overrides; empty = keep
-  std::string eviction_policy;                       // override; empty = keep
+  std::string eviction_policy, host_eviction_policy;  // overrides; empty = keep
   // Overrides of the cluster file / profile; empty or 0 = keep.
   int instances = 0;
   std::string routing, device_bytes, host_bytes, disk_bytes;
@@ -145,6 +145,7 @@ int RunSimulate(const SimFlags& f) {
   if (!f.disk_write_policy.empty())
     o.cluster.instance.disk_write_policy = *kvcache::ParseWritePolicy(f.disk_write_policy);
   if (!f.eviction_policy.empty()) o.cluster.instance.eviction_policy = f.eviction_policy;  // checked by the flag
+  if (!f.host_eviction_policy.empty()) o.cluster.instance.host_eviction_policy = f.host_eviction_policy;
   o.unlimited_cache = f.unlimited_cache;
   o.serial = f.serial;
   o.concurrency = f.concurrency;
@@ -337,12 +338,15 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
   sim->add_option("--sweep-host-bytes", f->sweep_host_bytes, "also run at each host-tier size: 8G,16G,...");
   sim->add_option("--host-write-policy", f->host_write_policy,
                   "override the host tier's write policy (write-back: blocks go down only when evicted from the "
-                  "device; an exclusive hierarchy)")
-      ->check(CLI::IsMember({"write-through", "write-back"}));
+                  "device; exclusive: write-back, and a block loaded from the tier leaves it)")
+      ->check(CLI::IsMember({"write-through", "write-back", "exclusive"}));
   sim->add_option("--disk-write-policy", f->disk_write_policy, "override the disk tier's write policy")
-      ->check(CLI::IsMember({"write-through", "write-back"}));
+      ->check(CLI::IsMember({"write-through", "write-back", "exclusive"}));
   sim->add_option("--kv-eviction-policy", f->eviction_policy,
                   "override the eviction policy of the device pool and the lower tiers (instance.eviction_policy)")
+      ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
+  sim->add_option("--host-eviction-policy", f->host_eviction_policy,
+                  "override the host tier's eviction policy (instance.host_eviction_policy; default: the device's)")
       ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
   sim->add_option("--remote", f->remote,
                   "override the cluster pool: true = each instance also reads the others' host and disk tiers "

@@ -37,7 +37,7 @@ TEST(KvConfigPolicyTest, UnknownWritePolicyIsRejectedNamingKeyAndValue) {
   auto c = KvCacheConfigFromYaml(*cfg, {});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.error().message().find("kv.disk_write_policy"), std::string::npos) << c.error().message();
-  EXPECT_NE(c.error().message().find("must be write-through or write-back, not 'lazy'"), std::string::npos)
+  EXPECT_NE(c.error().message().find("must be write-through, write-back or exclusive, not 'lazy'"), std::string::npos)
       << c.error().message();
   auto neg = Config::Parse("kv:\n  prefetch_max_requests: -1\n", "test.yaml");
   ASSERT_TRUE(neg.ok());
