@@ -121,6 +121,7 @@ json CacheStatsJson(const scheduler::EngineStats& s) {
       t["writes_failed"] = l.writes_failed;
       t["loads_failed"] = l.loads_failed;
       t["admissions_deferred"] = l.admissions_deferred;
+      t["promoted"] = l.promoted;
       t["load_seconds"] = static_cast<double>(l.load_nanos) / 1e9;
       if (!l.eviction_policy.empty()) t["eviction_policy"] = PolicyJson(l.eviction_policy, l.policy);
     }
