@@ -187,7 +187,7 @@ void SimStore::Drain(std::vector<kvcache::StoreCompletion>* out) {
 
 Status SimStore::Remove(const BlockHash& h) {
   auto it = index_.find(h);
-  if (it == index_.end()) return Status::Ok();
+  if (it == index_.end()) return Status::NotFound("block not in tier '" + options_.name + "'");
   policy_->Erase(it->second, /*evicted=*/false);
   free_slots_.push_back(it->second);
   index_.erase(it);

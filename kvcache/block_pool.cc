@@ -73,7 +73,6 @@ void BlockPool::Ref(BlockId id) {
   if (r == 0) {
     assert(policy_->evictable(i));
     policy_->SetEvictable(i, false);
-    policy_->Access(i);
   }
   ++r;
 }

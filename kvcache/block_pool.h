@@ -75,9 +75,13 @@ class BlockPool {
   // The block holding `h`, if any (in use or cached). Does not touch it.
   std::optional<BlockId> Lookup(const BlockHash& h) const;
 
-  // Takes a reference. A cached block stops being evictable (a hit).
+  // Takes a reference. A cached block stops being evictable. Not a hit for
+  // the policy by itself (the mover takes references too): see Hit.
   // REQUIRES: id < num_blocks(), and the block is in use or cached.
   void Ref(BlockId id);
+  // A request reuses block `id` from the prefix index (in use by others or
+  // cached): the policy counts a use. REQUIRES: has_hash(id).
+  void Hit(BlockId id) { policy_->Access(static_cast<int32_t>(id.value())); }
   // Drops a reference; at zero the block becomes cached (evictable) if it
   // has a hash, else free. REQUIRES: ref(id) > 0.
   void Release(BlockId id);

@@ -484,8 +484,9 @@ void DiskStoreImpl::FreeSlot(uint32_t slot) {
 
 void DiskStoreImpl::KeepFor(const BlockHash& h, int64_t nanos) {
   const int64_t until_nanos = RealClock()->NowNanos() + nanos;
-  if (keep_.size() > entries_.size() + 1024) {  // asks for blocks that never arrived
-    for (auto it = keep_.begin(); it != keep_.end();) it = entries_.contains(it->first) ? std::next(it) : keep_.erase(it);
+  if (keep_.size() > entries_.size() + 65536) {  // expired asks, and asks for blocks that never arrived
+    const int64_t now = RealClock()->NowNanos();
+    for (auto it = keep_.begin(); it != keep_.end();) it = it->second <= now ? keep_.erase(it) : std::next(it);
   }
   int64_t& k = keep_[h];
   k = std::max(k, until_nanos);

@@ -55,7 +55,7 @@ class LearnedPolicy final : public PolicyCore {
     reuse_[Class(slot)][AgeBucket(tick() - s(slot).last)] += 1;
     Count();
   }
-  void OnErase(int32_t slot, bool evicted) override {
+  void OnErase(int32_t slot, bool evicted, bool) override {
     if (!evicted) return;
     ghost_[s(slot).key] = Ghost{s(slot).last, static_cast<uint16_t>(Class(slot))};
     ghost_fifo_.emplace_back(s(slot).key, s(slot).last);

@@ -37,7 +37,7 @@ class S3FifoPolicy final : public PolicyCore {
     uint8_t& f = freq_[static_cast<size_t>(slot)];
     if (f < 3) ++f;
   }
-  void OnErase(int32_t slot, bool evicted) override {
+  void OnErase(int32_t slot, bool evicted, bool) override {
     if (evicted && !in_main_[static_cast<size_t>(slot)]) Remember(s(slot).key);
   }
   void Enter(int32_t slot) override { queue(slot).PushBack(slot); }
@@ -121,8 +121,10 @@ class FreqPolicy final : public PolicyCore {
     set_.erase({prio_[static_cast<size_t>(slot)], s(slot).children > 0 ? 0 : 1, s(slot).last, slot});
     set_.insert(key(slot));
   }
-  void OnErase(int32_t slot, bool evicted) override {
-    if (evicted) inflation_ = std::max(inflation_, prio_[static_cast<size_t>(slot)]);
+  void OnInsert(int32_t slot) override { prio_[static_cast<size_t>(slot)] = 0; }
+  void OnErase(int32_t slot, bool evicted, bool was_in_policy) override {
+    // Only a priority the slot had in the set (a kept block never entered it).
+    if (evicted && was_in_policy) inflation_ = std::max(inflation_, prio_[static_cast<size_t>(slot)]);
   }
   int32_t Pick() override { return set_.empty() ? -1 : std::get<3>(*set_.begin()); }
   std::vector<int32_t> PolicyOrder() const override {

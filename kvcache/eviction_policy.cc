@@ -94,13 +94,17 @@ void PolicyCore::Access(int32_t slot) {
   ++x.hits;
   x.last = ++tick_;
   if (x.in_policy) Touched(slot, old_last);
+  if (x.kept) {  // its key in kept_ has the last use in it
+    kept_.erase({x.keep_until, old_last, slot});
+    kept_.emplace(x.keep_until, x.last, slot);
+  }
 }
 
 void PolicyCore::Park(int32_t slot) {
   Slot& x = m(slot);
   if (x.keep_until > now_) {
     x.kept = true;
-    kept_.emplace(x.keep_until, slot);
+    kept_.emplace(x.keep_until, x.last, slot);
   } else {
     x.in_policy = true;
     Enter(slot);
@@ -114,7 +118,7 @@ void PolicyCore::Unpark(int32_t slot) {
     x.in_policy = false;
   }
   if (x.kept) {
-    kept_.erase({x.keep_until, slot});
+    kept_.erase({x.keep_until, x.last, slot});
     x.kept = false;
   }
 }
@@ -137,16 +141,17 @@ void PolicyCore::SetEvictable(int32_t slot, bool evictable) {
 void PolicyCore::Erase(int32_t slot, bool evicted) {
   Slot& x = m(slot);
   assert(x.held);
+  const bool was_in_policy = x.in_policy;
   if (x.evictable) {
     --num_evictable_;
     Unpark(slot);
     x.evictable = false;
   }
-  OnErase(slot, evicted);
+  OnErase(slot, evicted, was_in_policy);
   if (evicted) {
     ++stats_.evicted;
     if (x.hits == 0) ++stats_.evicted_unused;
-    if (x.had_keep) ++stats_.evicted_expired;
+    if (x.had_keep) ++(x.keep_until <= now_ ? stats_.evicted_expired : stats_.evicted_kept);
   } else {
     ++stats_.removed;
   }
@@ -168,9 +173,16 @@ void PolicyCore::KeepUntil(int32_t slot, int64_t until_nanos) {
 }
 
 void PolicyCore::ExpireKept() {
-  while (!kept_.empty() && kept_.begin()->first <= now_) {
-    const int32_t slot = kept_.begin()->second;
+  if (kept_.empty() || std::get<0>(*kept_.begin()) > now_) return;
+  // Every expired slot enters the policy in the order of its last use, as
+  // if released then: a chain's tail (released first) ahead of its head.
+  std::vector<std::pair<uint64_t, int32_t>> expired;
+  while (!kept_.empty() && std::get<0>(*kept_.begin()) <= now_) {
+    expired.emplace_back(std::get<1>(*kept_.begin()), std::get<2>(*kept_.begin()));
     kept_.erase(kept_.begin());
+  }
+  std::sort(expired.begin(), expired.end());
+  for (const auto& [last, slot] : expired) {
     Slot& x = m(slot);
     x.kept = false;
     x.in_policy = true;
@@ -182,12 +194,12 @@ int32_t PolicyCore::Victim() {
   ExpireKept();
   const int32_t v = Pick();
   if (v >= 0) return v;
-  return kept_.empty() ? -1 : kept_.begin()->second;  // only kept blocks left: the soonest to expire
+  return kept_.empty() ? -1 : std::get<2>(*kept_.begin());  // only kept blocks left: the soonest to expire
 }
 
 std::vector<int32_t> PolicyCore::Order() const {
   std::vector<int32_t> out = PolicyOrder();
-  for (const auto& [until, slot] : kept_) out.push_back(slot);
+  for (const auto& [until, last, slot] : kept_) out.push_back(slot);
   return out;
 }
 

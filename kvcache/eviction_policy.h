@@ -87,6 +87,7 @@ struct PolicyStats {
   uint64_t removed = 0;   // Erase(evicted = false)
   uint64_t evicted_unused = 0;   // evicted without a hit since stored
   uint64_t evicted_expired = 0;  // evicted after its keep_until passed (cache_ttl_seconds)
+  uint64_t evicted_kept = 0;     // evicted before its keep_until: nothing else was evictable
 };
 
 class EvictionPolicy {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -76,8 +77,9 @@ class PolicyCore : public EvictionPolicy {
   // Every Access, in or out of the policy, before hits and last change.
   virtual void OnAccess(int32_t slot) { (void)slot; }
   virtual void OnInsert(int32_t slot) { (void)slot; }
-  // Before the slot's state is cleared (and after Leave when it was in the policy).
-  virtual void OnErase(int32_t slot, bool evicted) { (void)slot, (void)evicted; }
+  // Before the slot's state is cleared (and after Leave when it was in the
+  // policy: `was_in_policy`; false for a kept or not evictable slot).
+  virtual void OnErase(int32_t slot, bool evicted, bool was_in_policy) { (void)slot, (void)evicted, (void)was_in_policy; }
   virtual bool AdmitBlock(const BlockTraits& traits) { (void)traits; return true; }
   // A victim among the slots in the policy, or -1 when it holds none.
   virtual int32_t Pick() = 0;
@@ -96,7 +98,9 @@ class PolicyCore : public EvictionPolicy {
   size_t SketchIndex(uint64_t key, int row) const;
 
   std::vector<Slot> slots_;
-  std::set<std::pair<int64_t, int32_t>> kept_;  // (keep_until, slot)
+  // Kept slots by (keep_until, last use, slot): the soonest to expire first,
+  // and within one request's chain (one keep_until) its tail first.
+  std::set<std::tuple<int64_t, uint64_t, int32_t>> kept_;
   int32_t num_evictable_ = 0;
   uint64_t tick_ = 0;
   int64_t now_ = 0;

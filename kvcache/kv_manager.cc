@@ -235,6 +235,7 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
   stats_.query_tokens += r.prompt.size();
   stats_.device.blocks += d;
   stats_.device.tokens += d * bs;
+  for (BlockId b : hits) pool_.Hit(b);  // a use, whether others hold the block now or not
   if (const int64_t keep = KeepUntil(r); keep > 0)
     for (BlockId b : hits) pool_.KeepUntil(b, keep);
   for (size_t i = 0; i < d; ++i) mover_->OnHit(hits[i], r.chain[i], -1);
@@ -291,6 +292,11 @@ void KvManager::Free(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   const auto& table = it->second.table;
+  // "Kept this long after each use": the ask runs from the release, the same
+  // time for the whole chain.
+  if (const int64_t keep = KeepUntil(it->second); keep > 0)
+    for (int32_t b : table)
+      if (pool_.has_hash(BlockId(static_cast<uint32_t>(b)))) pool_.KeepUntil(BlockId(static_cast<uint32_t>(b)), keep);
   for (auto b = table.rbegin(); b != table.rend(); ++b) pool_.Release(BlockId(static_cast<uint32_t>(*b)));
   requests_.erase(it);
 }

@@ -389,8 +389,8 @@ void TierMover::OnHit(BlockId block, const BlockHash& h, int source) {
 
 void TierMover::Promoted(int source, const BlockHash& h) {
   // The device holds the block now: an exclusive tier drops its copy, unless
-  // another operation of this tier still reads or writes it (dropped later,
-  // when the device evicts it and it comes back down, or by the policy).
+  // another operation of this tier still reads or writes it (then the copy
+  // stays until the tier's own policy evicts it: a duplicate, not an error).
   for (const auto& [tag, op] : ops_)
     if (op.tier == source && op.hash == h) return;
   if (lowers_[static_cast<size_t>(source)].store->Remove(h).ok()) ++stats_.tiers[static_cast<size_t>(source)].promoted;

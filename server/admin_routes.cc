@@ -69,6 +69,7 @@ json PolicyJson(const std::string& name, const kvcache::PolicyStats& p) {
           {"evicted", p.evicted},
           {"evicted_unused", p.evicted_unused},
           {"evicted_expired", p.evicted_expired},
+          {"evicted_kept", p.evicted_kept},
           {"removed", p.removed}};
 }
 }  // namespace

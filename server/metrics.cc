@@ -146,7 +146,7 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
       "strata_kv_policy_decisions_total",
       "Decisions of each tier's eviction policy (kv.eviction_policy): decision=inserted, rejected (not admitted), "
       "hit, evicted, evicted_unused (evicted without a hit since stored), evicted_expired (its keep time had "
-      "passed), removed (flush).");
+      "passed), evicted_kept (still kept: nothing else was evictable), removed (flush).");
   tier_promoted_ = counter_family(
       "strata_kv_tier_promotions_total",
       "Blocks an exclusive lower tier dropped because a load moved them up to the device (write_policy exclusive).");
@@ -299,7 +299,8 @@ void ServerMetrics::SetPolicyDecisions(std::map<std::string, std::string> tier, 
   for (const auto& [decision, value] :
        {std::pair{"inserted", p.inserted}, std::pair{"rejected", p.rejected}, std::pair{"hit", p.hits},
         std::pair{"evicted", p.evicted}, std::pair{"evicted_unused", p.evicted_unused},
-        std::pair{"evicted_expired", p.evicted_expired}, std::pair{"removed", p.removed}}) {
+        std::pair{"evicted_expired", p.evicted_expired}, std::pair{"evicted_kept", p.evicted_kept},
+        std::pair{"removed", p.removed}}) {
     std::map<std::string, std::string> labels = tier;
     labels["decision"] = decision;
     SetDelta(*policy_decisions_, "policy", labels, static_cast<double>(value));
