@@ -295,6 +295,38 @@ TEST(SimulatorTest, ReportsLruAndBeladyReferencesOfOneFlatCache) {
   EXPECT_LE(two->lru_hit_ratio_blocks, two->belady_hit_ratio_blocks);
 }
 
+// The eviction policy and the write policy reach the simulated tiers: on the
+// first 2,000 requests of the shared trace, s3fifo serves more than LRU from
+// one device pool, and an exclusive device + host hierarchy serves what one
+// flat LRU cache of the same total size does (write-through serves less).
+TEST(SimulatorTest, EvictionAndWritePoliciesReachTheTiers) {
+  SimOptions o = OneBlockPerId();
+  o.serial = true;
+  o.max_requests = 2000;
+  o.cluster.instance.host_bytes = 0;
+  o.cluster.instance.disk_bytes = 0;
+  o.cluster.instance.device_bytes = Blocks(o, 5000);
+  auto lru = Simulate(SharedTrace(), o);
+  o.cluster.instance.eviction_policy = "s3fifo";
+  auto s3 = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(lru.ok() && s3.ok());
+  EXPECT_NEAR(lru->hit_ratio_blocks, lru->lru_hit_ratio_blocks, 1e-3);
+  EXPECT_GT(s3->hit_ratio_blocks, lru->hit_ratio_blocks + 0.01);
+  EXPECT_EQ(s3->lru_hit_ratio_blocks, lru->lru_hit_ratio_blocks) << "the reference does not depend on the policy";
+
+  o.cluster.instance.eviction_policy = "lru";
+  o.cluster.instance.device_bytes = Blocks(o, 500);
+  o.cluster.instance.host_bytes = Blocks(o, 4500);
+  auto through = Simulate(SharedTrace(), o);
+  o.cluster.instance.host_write_policy = kvcache::WritePolicy::kExclusive;
+  auto exclusive = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(through.ok() && exclusive.ok());
+  EXPECT_EQ(exclusive->reference_capacity_ids, 5000u);
+  EXPECT_LT(through->hit_ratio_blocks, 0.95 * through->lru_hit_ratio_blocks) << "inclusive tiers hold copies";
+  EXPECT_GE(exclusive->hit_ratio_blocks, 0.99 * exclusive->lru_hit_ratio_blocks);
+  EXPECT_GT(exclusive->hit_ratio_blocks, through->hit_ratio_blocks);
+}
+
 TEST(SimStoreTest, ARemoteStoreReadsItsPeersBlocksAfterTheNetworkDelay) {
   kvcache::ManualClock clock(0);
   auto peer_store = SimStore::Create({"host", 4000, 1000, 0, 0}, &clock);  // instant local tier
