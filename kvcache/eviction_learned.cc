@@ -1,8 +1,7 @@
 // The "learned" eviction policy (kvcache/eviction_policy.h): Belady's rule
-// with the future predicted from reuse distances learned online per class.
+// approximated: a block's age weighted by its class's learned chance of reuse.
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <deque>
 #include <string>
 #include <tuple>
@@ -19,22 +18,18 @@ class LearnedPolicy final : public PolicyCore {
   static constexpr int kLengthClasses = 8;  // prompt blocks: unknown, 1, 2-3, 4-7, ..., 64+
   static constexpr int kTailClasses = 4;    // blocks after it in its prompt: unknown/0, 1, 2-3, 4+
   static constexpr int kClasses = kSeenClasses * kLengthClasses * kTailClasses;
-  static constexpr int kAges = 64;
   static constexpr int kSamples = 64;
   static constexpr double kDecay = 0.9;  // histogram weight kept per retraining
 
   explicit LearnedPolicy(int32_t capacity)
       : PolicyCore(capacity), pos_(static_cast<size_t>(std::max(capacity, 0)), -1) {
-    // The horizon: ages (ticks since last use, about three per block stored)
-    // up to 16 × capacity are told apart; reuses later count as "never".
-    const uint64_t span = 16 * static_cast<uint64_t>(std::max(capacity, 16));
-    while ((static_cast<uint64_t>(kAges) << shift_) < span) ++shift_;
-    horizon_ticks_ = static_cast<uint64_t>(kAges) << shift_;
+    // The horizon: a reuse later than 16 × capacity ticks (about three per
+    // block stored) after the last use counts as "never".
+    horizon_ticks_ = 16 * static_cast<uint64_t>(std::max(capacity, 16));
     retrain_every_ = std::max<uint64_t>(1024, static_cast<uint64_t>(std::max(capacity, 1)));
     // Prior: uses come soon after the last one, and a few never; so until
     // trained, the oldest block is the farthest (LRU).
-    for (auto& r : reuse_)
-      for (int a = 0; a < kAges; ++a) r[static_cast<size_t>(a)] = 0.1 * std::pow(0.5, a);
+    reuse_.fill(0.1);  // prior: every class alike, so LRU until trained
     never_.fill(0.1);
     Retrain(/*decay=*/false);
   }
@@ -46,13 +41,13 @@ class LearnedPolicy final : public PolicyCore {
     auto g = ghost_.find(s(slot).key);
     if (g != ghost_.end()) {
       const uint64_t age = tick() - g->second.last;
-      if (age < horizon_ticks_) reuse_[g->second.cls][AgeBucket(age)] += 1;
+      if (age < horizon_ticks_) reuse_[g->second.cls] += 1;
       ghost_.erase(g);
     }
     ExpireGhosts();
   }
   void OnAccess(int32_t slot) override {
-    reuse_[Class(slot)][AgeBucket(tick() - s(slot).last)] += 1;
+    reuse_[Class(slot)] += 1;
     Count();
   }
   void OnErase(int32_t slot, bool evicted, bool) override {
@@ -115,11 +110,13 @@ class LearnedPolicy final : public PolicyCore {
     uint64_t last = 0;
     uint16_t cls = 0;
   };
-  // (expected ticks to the next use, age): the largest is evicted.
+  // (age ÷ P(reuse | class), age): the largest is evicted. With every class
+  // alike this is LRU; a class that is rarely used again ages faster.
   using Score = std::tuple<double, uint64_t>;
   Score ScoreOf(int32_t slot) const {
     const uint64_t age = tick() - s(slot).last;
-    return {expected_next_[Class(slot)][AgeBucket(age)], age};
+    const size_t c = Class(slot);
+    return {static_cast<double>(age + 1) / reuse_prob_[c], age};
   }
   static int Log2Bucket(int64_t v, int buckets) {  // 0 → 0, 1 → 1, 2-3 → 2, ...
     if (v <= 0 || buckets <= 1) return 0;
@@ -134,7 +131,6 @@ class LearnedPolicy final : public PolicyCore {
     const int tail = x.chain_blocks < 0 || x.depth < 0 ? 0 : Log2Bucket(x.chain_blocks - 1 - x.depth, kTailClasses);
     return static_cast<size_t>((seen * kLengthClasses + len) * kTailClasses + tail);
   }
-  size_t AgeBucket(uint64_t age) const { return static_cast<size_t>(std::min<uint64_t>(age >> shift_, kAges - 1)); }
   void Add(int32_t slot, std::vector<int32_t>& list) {
     pos_[static_cast<size_t>(slot)] = static_cast<int32_t>(list.size());
     list.push_back(slot);
@@ -166,35 +162,26 @@ class LearnedPolicy final : public PolicyCore {
   void Count() {
     if (++events_ % retrain_every_ == 0) Retrain(/*decay=*/true);
   }
-  // expected_next_[c][a]: the expected ticks from now to the next use of a
-  // class-c block last used a buckets ago, a "never" counting as four
-  // horizons; then the histograms decay.
+  // reuse_prob_[c]: how likely a class-c block is used again within the
+  // horizon, from the uses and "nevers" seen (a prior of half a use and half
+  // a never); then the counts decay so the estimate follows the workload.
   void Retrain(bool decay) {
-    const double never_ticks = 4.0 * static_cast<double>(horizon_ticks_);
-    const double bucket = static_cast<double>(uint64_t{1} << shift_);
     for (size_t c = 0; c < kClasses; ++c) {
-      double later = 0, later_dist = 0;  // uses after age a, and the sum of their (age) distances
-      for (int a = kAges - 1; a >= 0; --a) {
-        const size_t u = static_cast<size_t>(a);
-        const double at = (static_cast<double>(a) + 0.5) * bucket;
-        const double here = (static_cast<double>(a) + 0.0) * bucket;
-        later += reuse_[c][u];
-        later_dist += reuse_[c][u] * at;
-        const double n = never_[c];
-        expected_next_[c][u] = (later_dist - later * here + n * never_ticks) / std::max(later + n, 1e-12);
-        if (decay) reuse_[c][u] *= kDecay;
+      reuse_prob_[c] = std::max(0.01, (reuse_[c] + 0.5) / (reuse_[c] + never_[c] + 1.0));
+      if (decay) {
+        reuse_[c] *= kDecay;
+        never_[c] *= kDecay;
       }
-      if (decay) never_[c] *= kDecay;
     }
   }
 
   std::vector<int32_t> leaves_, inner_;  // slots in the policy, by whether successors are cached
   std::vector<int32_t> pos_;             // slot → index in its list, or -1
-  std::array<std::array<double, kAges>, kClasses> reuse_{}, expected_next_{};
+  std::array<double, kClasses> reuse_{};  // uses seen per class (hits, and misses on ghost keys), decayed
   std::array<double, kClasses> never_{};
+  std::array<double, kClasses> reuse_prob_{};  // P(used again within the horizon), floored
   std::unordered_map<uint64_t, Ghost> ghost_;             // evicted keys → last use, class
   std::deque<std::pair<uint64_t, uint64_t>> ghost_fifo_;  // (key, last use), oldest first
-  int shift_ = 0;
   uint64_t horizon_ticks_ = 0;
   uint64_t retrain_every_ = 1024;
   uint64_t events_ = 0;

@@ -42,15 +42,15 @@
 //              are classed by features: uses of their key so far (a
 //              frequency sketch that outlives eviction), the length of the
 //              prompt they came from, and their distance from its end. Per
-//              class the policy learns the distribution of reuse distances
-//              (ticks between a use and the next): from hits, and from
-//              misses on keys it evicted lately (a ghost list, so reuses
-//              later than the eviction are seen too); keys that are not
-//              used again within the horizon count as never. The victim is
-//              the block with the farthest expected next use given its
-//              class and its age, among a sample of evictable leaves
-//              (blocks whose chain successors are not cached) — Belady's
-//              rule with a learned future.
+//              class the policy learns how likely a block is to be used
+//              again within a horizon (16 × capacity ticks): from hits, and
+//              from misses on keys it evicted lately (a ghost list, so
+//              reuses after the eviction are seen too); keys not used
+//              again within the horizon count as never. The victim is the
+//              block with the largest age ÷ P(reuse | class), among a
+//              sample of 64 evictable leaves (blocks whose chain
+//              successors are not cached): LRU when every class is alike,
+//              and a class rarely used again ages faster.
 // No constant comes from a particular trace: sizes scale with the tier's
 // capacity.
 //
