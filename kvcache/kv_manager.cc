@@ -219,7 +219,7 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
     for (auto b = hits.rbegin(); b != hits.rend(); ++b) pool_.Release(*b);
     return Status::Internal("kv manager: pool allocation failed after the capacity check");
   }
-  mover_->WriteBackEvicted();  // before the loads below overwrite evicted blocks
+  mover_->WriteBackEvicted(src);  // before the loads below overwrite evicted blocks
   r.table.clear();
   for (BlockId b : hits) r.table.push_back(static_cast<int32_t>(b.value()));
   for (BlockId b : fresh) r.table.push_back(static_cast<int32_t>(b.value()));
@@ -282,7 +282,14 @@ Status KvManager::Commit(RequestId id, std::span<const int32_t> tokens) {
   if (full > r.chain.size()) ExtendHashChain(options_.ns, tokens, options_.block_size, r.salt, &r.chain);
   for (size_t i = static_cast<size_t>(r.committed_blocks); i < full; ++i) {
     const BlockId b(static_cast<uint32_t>(r.table[i]));
-    if (pool_.Register(b, r.chain[i], Hints(r, i))) mover_->OnCommitted(b, r.chain[i]);
+    if (pool_.Register(b, r.chain[i], Hints(r, i))) {
+      mover_->OnCommitted(b, r.chain[i]);
+    } else if (auto named = pool_.Lookup(r.chain[i])) {
+      // Recomputed (an earlier block of the chain missed) while another
+      // block holds the same content: that copy stays the cached one, and
+      // this request used its content, so it counts as a use.
+      pool_.Hit(*named);
+    }
   }
   r.committed_blocks = std::max(r.committed_blocks, static_cast<int32_t>(full));
   return Status::Ok();

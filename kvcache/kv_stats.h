@@ -49,6 +49,7 @@ struct LowerTierStats {
   uint64_t writebacks = 0;       // write-backs submitted (evicted device blocks; kWriteBack)
   uint64_t writebacks_dropped = 0;  // evicted blocks not written back: no staging buffer free
   uint64_t promoted = 0;         // blocks an exclusive tier dropped after a load moved them up
+  uint64_t writebacks_deferred = 0;  // exclusive: write-backs that waited for promotions out of the tier
   uint64_t admissions_deferred = 0;  // full blocks not written yet (admit_after)
   uint64_t writes_failed = 0;
   uint64_t loads_failed = 0;

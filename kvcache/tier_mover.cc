@@ -72,7 +72,8 @@ TierMover::TierMover(const KvManagerOptions& options, DeviceKv device, std::vect
       pool_(pool),
       clock_(clock),
       on_load_done_(std::move(on_load_done)),
-      writes_in_flight_(lowers_.size()) {}
+      writes_in_flight_(lowers_.size()),
+      promotions_(lowers_.size(), 0) {}
 
 Status TierMover::Init() {
   for (auto& t : lowers_) {
@@ -142,6 +143,7 @@ TierMover::~TierMover() {
     copy_->Wait(copy_->Fence());
     FinishCopiedLoads();
   }
+  DropDeferred(nullptr);
   staging_.reset();  // unregisters the buffers
   for (BlockStore* store : attached_) store->Detach();
 }
@@ -298,10 +300,14 @@ Status TierMover::SubmitLoad(int tier, BlockId block, const BlockHash& hash, Req
   // Device memory a store cannot address: the store reads into a staging
   // buffer, copied into the block when the read completes (see the top).
   // Never polls here: the owner is in the middle of setting up the request.
-  if (draining_) return fail(Status::Cancelled("the KV manager is shutting down"));
+  if (draining_) {
+    EndPromotion(t);
+    return fail(Status::Cancelled("the KV manager is shutting down"));
+  }
   int32_t staging = -1;
   if (!device_host_) {
     staging = AcquireStaging(/*may_poll=*/false);
+    if (staging < 0) EndPromotion(t);
     if (staging < 0) return fail(Status::ResourceExhausted("no staging buffer free for a load into device memory"));
     staging_->Ref(staging);
   }
@@ -321,6 +327,7 @@ Status TierMover::SubmitLoad(int tier, BlockId block, const BlockHash& hash, Req
     ops_.erase(tag);
     pool_->Release(block);
     staging_->Release(staging);
+    EndPromotion(t);
     return fail(s);
   }
   return s;
@@ -349,6 +356,12 @@ void TierMover::CountLoadHit(int tier) {
 void TierMover::OnCommitted(BlockId block, const BlockHash& h) {
   int32_t staging = -1;  // one staging copy serves every tier (device memory a store cannot address)
   for (size_t t = 0; t < lowers_.size(); ++t) {
+    if (lowers_[t].write_policy == WritePolicy::kExclusive) {
+      // Recomputed after an earlier block of its chain missed: the device
+      // holds a fresh copy now, so the older one below is a duplicate.
+      if (lowers_[t].store->Contains(h)) Promoted(static_cast<int>(t), h);
+      continue;
+    }
     if (lowers_[t].write_policy != WritePolicy::kWriteThrough) continue;
     if (lowers_[t].admit_after == 0) {
       SubmitWrite(static_cast<int>(t), block, h, &staging);
@@ -393,7 +406,11 @@ void TierMover::Promoted(int source, const BlockHash& h) {
   // stays until the tier's own policy evicts it: a duplicate, not an error).
   for (const auto& [tag, op] : ops_)
     if (op.tier == source && op.hash == h) return;
-  if (lowers_[static_cast<size_t>(source)].store->Remove(h).ok()) ++stats_.tiers[static_cast<size_t>(source)].promoted;
+  const size_t t = static_cast<size_t>(source);
+  if (lowers_[t].store->Remove(h).ok()) {
+    ++stats_.tiers[t].promoted;
+    FlushDeferred(t, 1);  // into the room the promoted block left
+  }
 }
 
 void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h, int32_t* shared_staging) {
@@ -438,7 +455,13 @@ void TierMover::SubmitWrite(int tier, BlockId block, const BlockHash& h, int32_t
 }
 
 int32_t TierMover::AcquireStaging(bool may_poll) {
-  if (staging_->none_free() && may_poll) Poll();  // finished writes free theirs; never blocks
+  if (staging_->none_free() && may_poll) {
+    // Deferred write-backs hold buffers: submitted now, the tier makes room
+    // by its own eviction (what waiting avoided) rather than a write-back
+    // being dropped for want of a buffer.
+    for (size_t t = 0; t < lowers_.size() && !deferred_.empty(); ++t) FlushDeferred(t, deferred_.size());
+    Poll();  // finished writes free theirs; never blocks
+  }
   return staging_->Acquire();
 }
 
@@ -504,7 +527,10 @@ bool TierMover::StageOnce(size_t t, int32_t* staging, const Region& src, bool ma
   return true;
 }
 
-void TierMover::WriteBackEvicted() {
+void TierMover::WriteBackEvicted(std::span<const int> loads_from) {
+  for (int t : loads_from)
+    if (t >= 0 && static_cast<size_t>(t) < lowers_.size() && lowers_[static_cast<size_t>(t)].write_policy == WritePolicy::kExclusive)
+      ++promotions_[static_cast<size_t>(t)];
   if (evicted_.empty()) return;
   // Moved out first: Poll (inside AcquireStaging) may complete loads whose
   // promotions allocate nothing, but keep this loop independent of evicted_.
@@ -527,8 +553,51 @@ void TierMover::WriteBackEvicted() {
 
 void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data,
                                 int32_t staging, int64_t keep_until) {
+  (void)block;  // write-backs never hold the block: `data` is a staging copy or metadata only
+  if (lowers_[t].write_policy == WritePolicy::kExclusive && promotions_[t] > 0 && !draining_) {
+    if (staging >= 0) staging_->Ref(staging);
+    writes_in_flight_[t].insert(h);  // as a submitted write: not written twice, not admitted again
+    deferred_.push_back(Deferred{t, h, data, staging, keep_until});
+    ++stats_.tiers[t].writebacks_deferred;
+    return;
+  }
+  SubmitWriteBackNow(t, h, data, staging, keep_until);
+}
+
+void TierMover::FlushDeferred(size_t t, size_t max) {
+  for (auto it = deferred_.begin(); it != deferred_.end() && max > 0;) {
+    if (it->tier != t) {
+      ++it;
+      continue;
+    }
+    const Deferred d = *it;
+    it = deferred_.erase(it);
+    --max;
+    writes_in_flight_[t].erase(d.hash);
+    if (!lowers_[t].store->Contains(d.hash)) SubmitWriteBackNow(t, d.hash, d.data, d.staging, d.keep_until);
+    if (d.staging >= 0) staging_->Release(d.staging);
+    it = deferred_.begin();  // SubmitWriteBackNow may have changed the queue (eviction listeners)
+  }
+}
+
+void TierMover::DropDeferred(const std::vector<bool>* tiers) {
+  std::deque<Deferred> keep;
+  for (const Deferred& d : deferred_) {
+    if (tiers != nullptr && (d.tier >= tiers->size() || !(*tiers)[d.tier])) {
+      keep.push_back(d);
+      continue;
+    }
+    writes_in_flight_[d.tier].erase(d.hash);
+    ++stats_.tiers[d.tier].writebacks_dropped;
+    if (d.staging >= 0 && staging_) staging_->Release(d.staging);
+  }
+  deferred_.swap(keep);
+}
+
+void TierMover::SubmitWriteBackNow(size_t t, const BlockHash& h, const Region& data, int32_t staging,
+                                   int64_t keep_until) {
   const uint64_t tag = next_tag_++;
-  Op op{OpKind::kWrite, static_cast<int>(t), block, h, clock_->NowNanos()};
+  Op op{OpKind::kWrite, static_cast<int>(t), BlockId(), h, clock_->NowNanos()};
   op.holds_block = false;
   op.staging = staging;
   ops_.emplace(tag, op);
@@ -629,6 +698,13 @@ void TierMover::FinishLoad(const Op& op, const Status& status) {
   staging_->Release(op.staging);
   if (on_load_done_) on_load_done_(LoadDone{op.request, op.epoch, op.block_index, op.tier, status.ok()});
   pool_->Release(op.block);
+  // After the callback: a request's last load names its blocks there, and
+  // Promoted drops them from this tier, making room for what waited.
+  EndPromotion(t);
+}
+
+void TierMover::EndPromotion(size_t t) {
+  if (promotions_[t] > 0 && --promotions_[t] == 0) FlushDeferred(t, deferred_.size());
 }
 
 size_t TierMover::Poll() {
@@ -661,6 +737,7 @@ size_t TierMover::FinishCopiedLoads() {
 
 Status TierMover::Flush(const std::vector<bool>& lower_tiers, const Sha256Digest* ns, std::vector<uint64_t>* removed) {
   removed->assign(lowers_.size(), 0);
+  DropDeferred(&lower_tiers);  // blocks of this manager's one namespace, so flushed by either form
   for (size_t t = 0; t < lowers_.size() && t < lower_tiers.size(); ++t) {
     if (!lower_tiers[t]) continue;
     BlockStore* store = lowers_[t].store;

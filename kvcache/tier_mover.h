@@ -48,6 +48,7 @@
 // everything, and the stores are driven from it (BlockStore's rule).
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -148,7 +149,11 @@ class TierMover {
   void OnHit(BlockId block, const BlockHash& h, int source);
   // Writes back the blocks the pool evicted since the last call. Call right
   // after every pool Allocate, before anything writes the evicted blocks.
-  void WriteBackEvicted();
+  // `loads_from`: the tier of each load the caller submits next (SubmitLoad,
+  // each call once): an exclusive tier counts them as promotions in flight
+  // until each completes or fails, and write-backs to it wait for them (see
+  // SubmitWriteBack).
+  void WriteBackEvicted(std::span<const int> loads_from = {});
 
   // Handles finished operations. Never blocks. Returns how many.
   size_t Poll();
@@ -220,8 +225,20 @@ class TierMover {
   void OnLowerEvicted(size_t from, const BlockHash& h, const Region& data);
   // Drops `h` from exclusive tier `source` after a load promoted it.
   void Promoted(int source, const BlockHash& h);
+  // Writes back `h` to tier t; to an exclusive tier with promotions (loads
+  // that will drop their block from it) in flight, it waits for them first
+  // (deferred_), so that the tier does not evict the oldest blocks it holds
+  // to make room while the promoted blocks are still in it: the two tiers
+  // then act as one LRU of their total size.
   void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data, int32_t staging,
                        int64_t keep_until);
+  void SubmitWriteBackNow(size_t t, const BlockHash& h, const Region& data, int32_t staging, int64_t keep_until);
+  // One promotion out of tier t ended (loaded, failed or never submitted).
+  void EndPromotion(size_t t);
+  // Submits up to `max` deferred write-backs of tier t (oldest first).
+  void FlushDeferred(size_t t, size_t max);
+  // Drops every deferred write-back of the tiers marked (all when null).
+  void DropDeferred(const std::vector<bool>* tiers);
   // Whether tier `t` takes a write-back of `h` now (counts a deferral).
   bool AdmitsWriteBack(size_t t, const BlockHash& h);
   // The staging copy shared by one block's write-backs (see the top).
@@ -276,6 +293,15 @@ class TierMover {
     int64_t keep_until = 0;  // cache_ttl_seconds ask, passed down with the block
   };
   std::vector<Evicted> evicted_;  // by the pool's hook, until WriteBackEvicted
+  struct Deferred {
+    size_t tier = 0;
+    BlockHash hash;
+    Region data;          // the staging buffer's region (Region{}: metadata only)
+    int32_t staging = -1;  // referenced while deferred
+    int64_t keep_until = 0;
+  };
+  std::deque<Deferred> deferred_;       // see SubmitWriteBack
+  std::vector<uint32_t> promotions_;    // per tier: loads from an exclusive tier in flight
   std::unique_ptr<StagingBuffers> staging_;  // in segments_; made by Init
 };
 

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "kvcache/host_store.h"
 #include "kvcache/kv_manager.h"
 
@@ -68,7 +70,8 @@ class KvExclusiveTest : public ::testing::Test {
     return cached;
   }
   void Flood(uint64_t first_id) {
-    for (int i = 0; i < 3; ++i) Run(first_id + static_cast<uint64_t>(i), Seq(29, 500 + 50 * i), 90 + i);
+    for (int i = 0; i < 3; ++i)
+      Run(first_id + static_cast<uint64_t>(i), Seq(29, 500 + 50 * i), 90 + i);
   }
   size_t HostHolds(const std::vector<int32_t>& prompt) {
     size_t n = 0;
@@ -100,6 +103,106 @@ TEST_F(KvExclusiveTest, BlocksMoveDownOnEvictionAndUpOnHit) {
   EXPECT_EQ(HostHolds(a), 3u) << "evicted again: written down again";
   EXPECT_EQ(Run(3, a, 5), 12);
   EXPECT_TRUE(mgr_->device_pool().CheckConsistency().ok());
+}
+
+// Serial requests over shared prefixes: a device pool of D blocks above an
+// exclusive host tier of H serves, request by request, exactly what one
+// device pool of D + H serves (LRU both). Write-backs into a full host tier
+// wait for the promotions out of it, or the tier would evict its oldest
+// blocks while the promoted ones still sit in it.
+TEST(KvExclusiveHierarchy, ServesAsOneFlatPoolOfTheTotalSize) {
+  constexpr int32_t kDevice = 12, kHost = 36;
+  struct Stack {
+    std::vector<uint8_t> device;
+    std::unique_ptr<HostStore> host;
+    std::unique_ptr<KvManager> mgr;
+  };
+  ManualClock clock;
+  auto make = [&clock](int32_t device_blocks, int32_t host_blocks, uint64_t staging_blocks = 64) {
+    Stack s;
+    s.device.assign(static_cast<size_t>(device_blocks) * kBlockBytes, 0);
+    std::vector<LowerTier> tiers;
+    if (host_blocks > 0) {
+      HostStoreOptions ho;
+      ho.capacity_bytes = static_cast<uint64_t>(host_blocks) * kBlockBytes;
+      ho.block_bytes = kBlockBytes;
+      ho.pin = false;
+      s.host = std::move(HostStore::Create(ho)).value();
+      tiers.push_back({s.host.get(), WritePolicy::kExclusive, 0, 0});
+    }
+    KvManagerOptions o;
+    o.block_size = kBs;
+    o.num_device_blocks = device_blocks;
+    o.block_bytes = kBlockBytes;
+    o.ns = NamespaceDigest("exclusive-test", "llama", "f16", kBs);
+    o.load_policy = LoadPolicy::kAlways;
+    o.writeback_staging_bytes = staging_blocks * kBlockBytes;
+    uint8_t* base = s.device.data();
+    auto mem = [base](BlockId id) { return base + id.value() * kBlockBytes; };
+    s.mgr = std::move(KvManager::Create(o, mem, std::move(tiers), &clock)).value();
+    return s;
+  };
+  // `few`: as `tiered` with 2 staging buffers: deferred write-backs cannot
+  // all wait; they are written early (the tier evicts) rather than dropped.
+  Stack tiered = make(kDevice, kHost), flat = make(kDevice + kHost, 0),
+        few = make(kDevice, kHost, 2);
+  auto run = [](KvManager& m, uint64_t id, const std::vector<int32_t>& prompt) {
+    EXPECT_TRUE(m.AddRequest(RequestId(id), prompt, {}).ok());
+    auto a = m.Allocate(RequestId(id), static_cast<int32_t>(prompt.size()));
+    EXPECT_TRUE(a.ok() && *a == AllocOutcome::kAllocated);
+    for (int i = 0; i < 100 && !m.IsReady(RequestId(id)); ++i) m.Poll();
+    EXPECT_TRUE(m.IsReady(RequestId(id)));
+    const int32_t cached = m.CachedTokens(RequestId(id));
+    EXPECT_TRUE(m.Commit(RequestId(id), prompt).ok());
+    std::vector<int32_t> all = prompt;
+    for (int k = 0; k < 9; ++k) {
+      all.push_back(static_cast<int32_t>(id * 100 + k));
+      auto b = m.Allocate(RequestId(id), static_cast<int32_t>(all.size()));
+      EXPECT_TRUE(b.ok() && *b == AllocOutcome::kAllocated);
+      EXPECT_TRUE(m.Commit(RequestId(id), all).ok());
+      m.Poll();
+    }
+    m.Poll();
+    m.Free(RequestId(id));
+    return cached;
+  };
+  // Prompts: one of 4 shared heads (1-4 blocks), then a tail of 0-3 blocks
+  // from a small alphabet (so tails repeat too), then a partial block; then
+  // 9 generated tokens, committed one by one (their full blocks named too).
+  uint64_t rng = 12345;
+  auto next = [&rng](uint64_t n) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (rng >> 33) % n;
+  };
+  int64_t served = 0, differ = 0, few_served = 0;
+  for (uint64_t id = 1; id <= 3000; ++id) {
+    const int head = static_cast<int>(next(4));
+    std::vector<int32_t> prompt = Seq(4 * (1 + head), 1000 * head + 1);
+    const int tail_blocks = static_cast<int>(next(4));
+    for (int b = 0; b < tail_blocks; ++b) {
+      const int32_t sym = static_cast<int32_t>(next(3));
+      for (int k = 0; k < kBs; ++k) prompt.push_back(100000 + 10 * sym + k);
+    }
+    prompt.push_back(7);  // a partial block: every block above is cacheable
+    const int32_t a = run(*tiered.mgr, id, prompt), b = run(*flat.mgr, id, prompt);
+    few_served += run(*few.mgr, id, prompt);
+    served += b;
+    if (a != b) {
+      ++differ;
+      ADD_FAILURE() << "request " << id << ": tiered served " << a << " tokens, flat " << b;
+      if (differ > 5) break;
+    }
+  }
+  EXPECT_GT(served, 0);
+  EXPECT_GT(tiered.mgr->stats().tiers[0].promoted, 0u) << "the host tier was used";
+  EXPECT_TRUE(tiered.mgr->device_pool().CheckConsistency().ok());
+  EXPECT_EQ(tiered.mgr->stats().tiers[0].writebacks_dropped, 0u);
+  EXPECT_GT(tiered.mgr->stats().tiers[0].writebacks_deferred, 0u);
+  EXPECT_EQ(few.mgr->stats().tiers[0].writebacks_dropped, 0u);
+  std::printf("served %lld, with 2 staging buffers %lld\n", static_cast<long long>(served),
+              static_cast<long long>(few_served));
+  EXPECT_GT(few_served, served * 9 / 10) << "few staging buffers: close to the flat pool still";
+  EXPECT_TRUE(few.mgr->device_pool().CheckConsistency().ok());
 }
 
 }  // namespace
