@@ -184,6 +184,7 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
     if (!wp.ok() || *wp == kvcache::WritePolicy::kNone)
       return Status::InvalidArgument(origin + ": " + key + " must be write-through, write-back or exclusive, not '" + text + "'");
     *field = *wp;
+    if (field == &ic.host_write_policy) ic.host_write_policy_set = true;
   }
   STRATA_ASSIGN_OR_RETURN(ic.eviction_policy, cfg.GetString("instance.eviction_policy", ic.eviction_policy));
   if (!kvcache::IsEvictionPolicy(ic.eviction_policy))

@@ -47,9 +47,13 @@ struct InstanceConfig {
   // reading the other instances' host and disk tiers at this bandwidth
   // plus this latency per block (the network).
   // Write policy of the host and disk tiers (kvcache/kv_types.h):
-  // write-through (default, inclusive) or write-back (a block goes down
-  // only when evicted from above: an exclusive hierarchy).
-  kvcache::WritePolicy host_write_policy = kvcache::WritePolicy::kWriteThrough;
+  // write-through (inclusive), write-back (a block goes down only when
+  // evicted from above) or exclusive (write-back, and a load moves the block
+  // up). The host tier's default is `strata serve`'s: exclusive, or
+  // write-through with `remote` (peers read the host tier);
+  // HostWritePolicy() says which applies. The disk's: write-through.
+  kvcache::WritePolicy host_write_policy = kvcache::WritePolicy::kExclusive;
+  bool host_write_policy_set = false;  // given (key or flag)
   kvcache::WritePolicy disk_write_policy = kvcache::WritePolicy::kWriteThrough;
   // Eviction policy of the device pool and the default of the lower tiers
   // (kvcache/eviction_policy.h; kv.eviction_policy live).
@@ -68,6 +72,12 @@ struct InstanceConfig {
 
   uint64_t block_bytes() const { return kv_bytes_per_token * static_cast<uint64_t>(block_size); }
 };
+
+// The host tier's write policy in effect (see InstanceConfig::host_write_policy).
+inline kvcache::WritePolicy HostWritePolicy(const InstanceConfig& ic) {
+  if (ic.host_write_policy_set) return ic.host_write_policy;
+  return ic.remote ? kvcache::WritePolicy::kWriteThrough : kvcache::WritePolicy::kExclusive;
+}
 
 struct ClusterConfig {
   int instances = 1;

@@ -101,7 +101,7 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
                   {"host_read_bytes_per_s", ic.host_read_bytes_per_s},
                   {"disk_read_bytes_per_s", ic.disk_read_bytes_per_s},
                   {"disk_admit_after", ic.disk_admit_after},
-                  {"host_write_policy", std::string(kvcache::WritePolicyName(ic.host_write_policy))},
+                  {"host_write_policy", std::string(kvcache::WritePolicyName(HostWritePolicy(ic)))},
                   {"disk_write_policy", std::string(kvcache::WritePolicyName(ic.disk_write_policy))},
                   {"eviction_policy", ic.eviction_policy},
                   {"host_eviction_policy", ic.host_eviction_policy.empty() ? ic.eviction_policy : ic.host_eviction_policy},

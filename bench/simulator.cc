@@ -125,7 +125,7 @@ std::vector<kvcache::TierSpec> SimTierSpecs(const InstanceConfig& ic) {
     h.kind = kvcache::TierKind::kHost;
     h.name = "host";
     h.bytes = ic.host_bytes;
-    h.write_policy = ic.host_write_policy;
+    h.write_policy = HostWritePolicy(ic);
     h.eviction_policy = ic.host_eviction_policy.empty() ? ic.eviction_policy : ic.host_eviction_policy;
     h.source = "instance.host_bytes";
     specs.push_back(std::move(h));

@@ -162,6 +162,7 @@ Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConf
     auto p = ParseWritePolicy(*v);
     if (!p) return Bad(o + k.key, p.error().message());
     *k.dst = *p;
+    if (k.dst == &c.host_write_policy) c.host_write_policy_set = true;
   }
   if (cfg.Has("kv.eviction_policy")) {
     auto v = cfg.GetString("kv.eviction_policy", c.eviction_policy);
@@ -245,6 +246,7 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
     auto p = ParseWritePolicy(value);
     if (!p) return Bad(flag, p.error().message());
     (flag == "--kv-host-write-policy" ? c->host_write_policy : c->disk_write_policy) = *p;
+    if (flag == "--kv-host-write-policy") c->host_write_policy_set = true;
     c->tiers_configured = true;
     return Status::Ok();
   }
@@ -331,7 +333,7 @@ Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& c) {
     if (c.disk_path != d.disk_path) flat.push_back("kv.disk_path (--kv-disk-path)");
     if (c.disk_bytes != d.disk_bytes) flat.push_back("kv.disk_bytes (--kv-disk-bytes)");
     if (c.disk_admit_after != d.disk_admit_after) flat.push_back("kv.disk_admit_after (--kv-disk-admit-after)");
-    if (c.host_write_policy != d.host_write_policy) flat.push_back("kv.host_write_policy (--kv-host-write-policy)");
+    if (c.host_write_policy_set) flat.push_back("kv.host_write_policy (--kv-host-write-policy)");
     if (c.disk_write_policy != d.disk_write_policy) flat.push_back("kv.disk_write_policy (--kv-disk-write-policy)");
     if (c.host_pin != d.host_pin) flat.push_back("kv.host_pin (--kv-host-pin)");
     if (!flat.empty()) {
@@ -348,6 +350,7 @@ Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& c) {
       h.name = "host";
       h.bytes = c.host_bytes;
       h.write_policy = c.host_write_policy;
+      h.write_policy_set = c.host_write_policy_set;
       h.pin = c.host_pin;
       h.source = "kv.host_bytes (--kv-host-bytes)";
       out.push_back(std::move(h));
@@ -374,8 +377,11 @@ Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& c) {
     r.source = "kv.remote (--kv-remote)";
     out.push_back(std::move(r));
   }
-  for (TierSpec& t : out)  // the host tiers' default policy
-    if (t.eviction_policy.empty() && t.kind == TierKind::kHost) t.eviction_policy = c.eviction_policy;
+  for (TierSpec& t : out) {  // the host tiers' default policies
+    if (t.kind != TierKind::kHost) continue;
+    if (t.eviction_policy.empty()) t.eviction_policy = c.eviction_policy;
+    if (!t.write_policy_set) t.write_policy = c.cluster ? WritePolicy::kWriteThrough : WritePolicy::kExclusive;
+  }
   STRATA_RETURN_IF_ERROR(ValidateTierSpecs(out));
   return out;
 }

@@ -28,9 +28,18 @@ struct KvCacheConfig {
   uint32_t disk_admit_after = 0;               // kv.disk_admit_after --kv-disk-admit-after
   LoadPolicy load_policy = LoadPolicy::kAuto;  // kv.load_policy --kv-load-policy
   // kv.host_write_policy --kv-host-write-policy, kv.disk_write_policy
-  // --kv-disk-write-policy: write-through | write-back (kvcache/kv_manager.h).
-  WritePolicy host_write_policy = WritePolicy::kWriteThrough;
+  // --kv-disk-write-policy: write-through | write-back | exclusive
+  // (kvcache/kv_types.h). A host tier whose policy is not given (here or in
+  // its kv.tiers entry) is exclusive for a lone instance (device + host then
+  // serve as one cache of their total size: docs/simulator.md) and
+  // write-through in a cluster (`cluster`), where peers read what this
+  // instance computed from its host tier; LowerTierSpecs applies the rule.
+  WritePolicy host_write_policy = WritePolicy::kExclusive;
+  bool host_write_policy_set = false;  // given by key or flag
   WritePolicy disk_write_policy = WritePolicy::kWriteThrough;
+  // Not a key: `strata serve` sets it with --metadata (the instance shares
+  // its tiers with peers).
+  bool cluster = false;
   // kv.prefetch_max_requests --kv-prefetch-max-requests: waiting requests
   // that may load their lower-tier prefix before admission (0 = off); the
   // engine's EngineOptions::prefetch_max_requests.

@@ -54,6 +54,7 @@ Result<TierSpec> ParseEntry(const Config& c, size_t index) {
     auto w = ParseWritePolicy(p);
     if (!w) return Status::InvalidArgument(c.origin() + ": key 'write_policy' " + w.error().message());
     s.write_policy = *w;
+    s.write_policy_set = true;
   }
   STRATA_ASSIGN_OR_RETURN(int64_t admit, c.GetInt("admit_after", 0));
   if (admit < 0 || admit > 1000000)

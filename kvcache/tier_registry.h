@@ -40,6 +40,9 @@ struct TierSpec {
   uint64_t bytes = 0;  // capacity; > 0
   std::string path;    // disk: its directory (required); other kinds: none
   WritePolicy write_policy = WritePolicy::kWriteThrough;
+  // Whether write_policy was given; a host tier's default depends on the
+  // instance (KvCacheConfig::host_write_policy, applied by LowerTierSpecs).
+  bool write_policy_set = false;
   uint32_t admit_after = 0;  // hits before a block is written to this tier (LowerTier::admit_after)
   bool pin = true;           // host: page-lock the buffer when a CUDA device is present
   // kvcache/eviction_policy.h names; empty = kv.eviction_policy (filled in

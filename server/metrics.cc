@@ -150,6 +150,9 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
   tier_promoted_ = counter_family(
       "strata_kv_tier_promotions_total",
       "Blocks an exclusive lower tier dropped because a load moved them up to the device (write_policy exclusive).");
+  tier_writebacks_deferred_ = counter_family(
+      "strata_kv_tier_writebacks_deferred_total",
+      "Write-backs to an exclusive lower tier that waited for the promotions out of it (so it need not evict).");
   tier_written_ = counter_family("strata_kv_tier_bytes_written_total",
                                  "Bytes written from device to each lower tier.");
   tier_read_ = counter_family("strata_kv_tier_bytes_read_total",
@@ -365,6 +368,7 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s, const FrontDo
       SetDelta(*tier_writebacks_, "writebacks", tier, static_cast<double>(t.writebacks));
       SetDelta(*tier_writebacks_dropped_, "writebacks_dropped", tier, static_cast<double>(t.writebacks_dropped));
       SetDelta(*tier_promoted_, "promoted", tier, static_cast<double>(t.promoted));
+      SetDelta(*tier_writebacks_deferred_, "writebacks_deferred", tier, static_cast<double>(t.writebacks_deferred));
       SetDelta(*tier_corrupt_, "corrupt", tier, static_cast<double>(t.corrupt_blocks));
       ObserveDelta(*tier_load_latency_, "load_latency", tier, t.load_latency, t.load_nanos);
       ObserveDelta(*tier_write_latency_, "write_latency", tier, t.write_latency, t.write_nanos);

@@ -145,6 +145,7 @@ class ServerMetrics final : public RequestObserver {
   prometheus::Family<prometheus::Counter>* device_evictions_ = nullptr;
   prometheus::Family<prometheus::Counter>* policy_decisions_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_promoted_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tier_writebacks_deferred_ = nullptr;  // {tier}
   prometheus::Family<prometheus::Counter>* tier_written_ = nullptr;        // {tier}
   prometheus::Family<prometheus::Counter>* tier_read_ = nullptr;           // {tier}
   prometheus::Family<prometheus::Counter>* tier_load_failures_ = nullptr;  // {tier}

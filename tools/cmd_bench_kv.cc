@@ -95,6 +95,10 @@ Result<bench::TtftResult> RunTtft(const KvBenchFlags& f, const LoadedModel& m, c
   kvc.disk_path = dir + "/strata-kvbench-ttft";
   kvc.disk_bytes = 4 * seq_bytes;
   kvc.load_policy = kvcache::LoadPolicy::kAlways;
+  // Every tier is seeded with the prefix (write-through), then each is
+  // measured alone.
+  kvc.host_write_policy = kvcache::WritePolicy::kWriteThrough;
+  kvc.host_write_policy_set = true;
   kvc.tiers_configured = true;
   STRATA_LOG_INFO("TTFT: {} ({} layers, dim {}), {} threads, blocks of {} bytes, disk tier in {}", m.id, c.n_layers,
                   c.dim, pool.num_threads(), layout.block_bytes(), kvc.disk_path);

@@ -140,8 +140,10 @@ int RunSimulate(const SimFlags& f) {
   }
   if (f.disk_admit_after >= 0) o.cluster.instance.disk_admit_after = static_cast<uint32_t>(f.disk_admit_after);
   if (!f.remote.empty()) o.cluster.instance.remote = f.remote == "true";
-  if (!f.host_write_policy.empty())
+  if (!f.host_write_policy.empty()) {
     o.cluster.instance.host_write_policy = *kvcache::ParseWritePolicy(f.host_write_policy);  // checked by the flag
+    o.cluster.instance.host_write_policy_set = true;
+  }
   if (!f.disk_write_policy.empty())
     o.cluster.instance.disk_write_policy = *kvcache::ParseWritePolicy(f.disk_write_policy);
   if (!f.eviction_policy.empty()) o.cluster.instance.eviction_policy = f.eviction_policy;  // checked by the flag

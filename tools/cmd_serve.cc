@@ -276,6 +276,8 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   auto blocks = ServingDeviceBlocks(f.engine.kv, layout, c.context_length, f.max_num_seqs, *kv_cap);
   if (!blocks) return Fail(blocks.error());
   kv.num_blocks = *blocks;
+  // In a cluster a host tier defaults to write-through (peers read it).
+  f.engine.kv.cluster = !f.metadata.empty();
   std::vector<std::string> warnings;
   if (Status s = kvcache::ValidateKvCacheConfig(f.engine.kv, layout.block_bytes() * static_cast<uint64_t>(kv.num_blocks),
                                                 &warnings);

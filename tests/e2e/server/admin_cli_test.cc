@@ -29,8 +29,10 @@ class AdminCliTest : public ::testing::Test {
   void SetUp() override {
     auto model = TinyModelPath();
     ASSERT_TRUE(model.ok()) << model.error().ToString();
+    // Write-through: the host tier holds the prompt's blocks as computed.
     auto s = ServerProcess::Start({"--model", *model, "--admin-token", kToken, "--kv-block-size", "4",
-                                   "--kv-host-bytes", "16M", "--kv-load-policy", "always", "--kv-eviction-policy", "s3fifo",
+                                   "--kv-host-bytes", "16M", "--kv-host-write-policy", "write-through",
+                                   "--kv-load-policy", "always", "--kv-eviction-policy", "s3fifo",
                                    "--threads", "1"});
     ASSERT_TRUE(s.ok()) << s.error().ToString();
     server_ = std::move(s).value();
@@ -82,7 +84,10 @@ TEST_F(AdminCliTest, StatsLookupFlushAndMetrics) {
   const json& dp = j["tiers"][0]["eviction_policy"];
   EXPECT_EQ(dp["name"], "s3fifo");
   EXPECT_GE(dp["inserted"].get<int>(), cached / 4);
-  EXPECT_EQ(dp["hits"].get<int>(), cached / 4);
+  // The second request's hits, and its recomputed copies of held blocks
+  // (the last prompt block when n is a multiple of 4, the same generated
+  // tokens) count as uses too.
+  EXPECT_GE(dp["hits"].get<int>(), cached / 4);
   EXPECT_EQ(dp["evicted"].get<int>(), 0);
   const json& hp = j["tiers"][1]["eviction_policy"];
   EXPECT_EQ(hp["name"], "s3fifo");

@@ -29,7 +29,7 @@ std::string WriteYaml(const std::string& dir, const std::string& text) {
 // O_DIRECT unit). The load policy is pinned: the test asserts the disk path.
 std::string TiersYaml(const std::string& disk_dir) {
   return "kv:\n  block_size: 64\n  dtype: f32\n  load_policy: always\n  tiers:\n"
-         "    - {kind: host, name: ram, bytes: 16M}\n"
+         "    - {kind: host, name: ram, bytes: 16M, write_policy: write-through}\n"
          "    - {kind: disk, name: ssd, path: \"" + disk_dir + "\", bytes: 64M}\n";
 }
 
@@ -93,6 +93,51 @@ TEST(KvTiers, ListedTiersAreNamedInStatsAndReportedByKind) {
   WaitForMetrics(
       port, [](const std::string& mm) { return MetricValue(mm, "strata_kv_device_blocks_in_use") == 0; }, 30);
   EXPECT_EQ(MetricValue(Metrics(port), "strata_kv_device_blocks_in_use"), 0);
+  StopCleanly(server.get());
+}
+
+// The default host tier of a lone instance is exclusive: nothing goes down
+// when a prompt is computed; what the device evicts goes down; a hit loads
+// it back and the tier drops its copy; the answer is the computed one.
+TEST(KvTiers, TheDefaultHostTierHoldsWhatTheDeviceEvictedOnly) {
+  // 128 KiB of device: 32 blocks of 16 tokens (one 512-token context).
+  auto server = StartTinyServer({"--kv-block-size", "16", "--kv-device-bytes", "128K", "--kv-host-bytes", "4M",
+                                 "--kv-load-policy", "always", "--admin-token", kToken});
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  auto prompt = [](int first, int n) {
+    json ids = json::array();
+    for (int i = 0; i < n; ++i) ids.push_back(3 + (first + i * 7) % 500);
+    return ids;
+  };
+  auto complete = [&](const json& ids) {
+    JsonResponse r = PostJson(port, "/v1/completions",
+                              json{{"model", "tiny"}, {"prompt", ids}, {"max_tokens", 3}, {"temperature", 0}});
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r;
+  };
+  auto host_written = [&] {
+    return MetricValue(Metrics(port), "strata_kv_tier_bytes_written_total", R"(tier="host")").value_or(0);
+  };
+  const json a = prompt(1, 100);  // 6 full blocks
+  JsonResponse first = complete(a);
+  EXPECT_EQ(host_written(), 0) << "nothing goes down on commit";
+  for (int i = 0; i < 4; ++i) complete(prompt(100 + i, 300));  // 19 blocks each: evicts a
+  EXPECT_GT(host_written(), 0) << "the device's evictions went down";
+
+  JsonResponse again = complete(a);
+  const json& d = again.body["usage"]["prompt_tokens_details"];
+  EXPECT_EQ(d["cached_tokens"], 96) << again.raw;
+  EXPECT_EQ(d["cached_tokens_by_tier"]["host"], 96) << again.raw;
+  EXPECT_EQ(again.body["choices"][0]["text"], first.body["choices"][0]["text"]);
+  const std::string m = Metrics(port);
+  EXPECT_EQ(MetricValue(m, "strata_kv_tier_promotions_total", R"(tier="host")"), 6) << m;
+  // The device evicted to make room for the loads: those write-backs waited
+  // for the promotions, so the host tier lost nothing to them.
+  EXPECT_GT(MetricValue(m, "strata_kv_tier_writebacks_deferred_total", R"(tier="host")").value_or(0), 0) << m;
+  EXPECT_EQ(MetricValue(m, "strata_kv_tier_writebacks_dropped_total", R"(tier="host")").value_or(0), 0) << m;
+  WaitForMetrics(
+      port, [](const std::string& mm) { return MetricValue(mm, "strata_kv_device_blocks_in_use") == 0; }, 30);
   StopCleanly(server.get());
 }
 

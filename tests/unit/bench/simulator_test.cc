@@ -317,13 +317,16 @@ TEST(SimulatorTest, EvictionAndWritePoliciesReachTheTiers) {
   o.cluster.instance.eviction_policy = "lru";
   o.cluster.instance.device_bytes = Blocks(o, 500);
   o.cluster.instance.host_bytes = Blocks(o, 4500);
+  auto exclusive = Simulate(SharedTrace(), o);  // the default host tier of a lone instance
+  o.cluster.instance.host_write_policy = kvcache::WritePolicy::kWriteThrough;
+  o.cluster.instance.host_write_policy_set = true;
   auto through = Simulate(SharedTrace(), o);
-  o.cluster.instance.host_write_policy = kvcache::WritePolicy::kExclusive;
-  auto exclusive = Simulate(SharedTrace(), o);
   ASSERT_TRUE(through.ok() && exclusive.ok());
   EXPECT_EQ(exclusive->reference_capacity_ids, 5000u);
   EXPECT_LT(through->hit_ratio_blocks, 0.95 * through->lru_hit_ratio_blocks) << "inclusive tiers hold copies";
-  EXPECT_GE(exclusive->hit_ratio_blocks, 0.99 * exclusive->lru_hit_ratio_blocks);
+  // As one flat LRU cache of the total size, within what the engine's own
+  // working blocks cost a flat device pool too (0.9995 measured).
+  EXPECT_GE(exclusive->hit_ratio_blocks, 0.998 * exclusive->lru_hit_ratio_blocks);
   EXPECT_GT(exclusive->hit_ratio_blocks, through->hit_ratio_blocks);
 }
 

@@ -26,9 +26,49 @@ kv:
   EXPECT_EQ(c->disk_write_policy, WritePolicy::kWriteThrough);
   EXPECT_EQ(c->prefetch_max_requests, 0);
   KvCacheConfig defaults;
-  EXPECT_EQ(defaults.host_write_policy, WritePolicy::kWriteThrough);
+  EXPECT_FALSE(defaults.host_write_policy_set);
   EXPECT_EQ(defaults.disk_write_policy, WritePolicy::kWriteThrough);
   EXPECT_EQ(defaults.prefetch_max_requests, 4);
+}
+
+// A host tier whose write policy is not given: exclusive alone (the
+// hierarchy then serves as one cache of its total size), write-through in
+// a cluster (peers read the host tier); given, it is kept either way. The
+// disk tier stays write-through.
+TEST(KvConfigPolicyTest, HostTierDefaultsToExclusiveAloneAndWriteThroughInACluster) {
+  for (bool cluster : {false, true}) {
+    KvCacheConfig c;
+    c.host_bytes = 64 << 20;
+    c.disk_path = "/tmp/unused";
+    c.disk_bytes = 128 << 20;
+    c.cluster = cluster;
+    auto specs = LowerTierSpecs(c);
+    ASSERT_TRUE(specs.ok()) << specs.error().ToString();
+    ASSERT_EQ(specs->size(), 2u);
+    EXPECT_EQ((*specs)[0].write_policy,
+              cluster ? WritePolicy::kWriteThrough : WritePolicy::kExclusive);
+    EXPECT_EQ((*specs)[1].write_policy, WritePolicy::kWriteThrough);
+    ASSERT_TRUE(ApplyKvFlag("--kv-host-write-policy", "write-back", &c).ok());
+    specs = LowerTierSpecs(c);
+    ASSERT_TRUE(specs.ok());
+    EXPECT_EQ((*specs)[0].write_policy, WritePolicy::kWriteBack);
+
+    // The same rule for a kv.tiers entry without write_policy.
+    auto cfg = Config::Parse(
+        "kv:\n  tiers:\n    - {kind: host, bytes: 64M}\n    - {kind: host, name: h2, bytes: 256M, "
+        "write_policy: write-through}\n",
+        "test.yaml");
+    ASSERT_TRUE(cfg.ok());
+    auto listed = KvCacheConfigFromYaml(*cfg, {});
+    ASSERT_TRUE(listed.ok()) << listed.error().ToString();
+    listed->cluster = cluster;
+    specs = LowerTierSpecs(*listed);
+    ASSERT_TRUE(specs.ok()) << specs.error().ToString();
+    ASSERT_EQ(specs->size(), 2u);
+    EXPECT_EQ((*specs)[0].write_policy,
+              cluster ? WritePolicy::kWriteThrough : WritePolicy::kExclusive);
+    EXPECT_EQ((*specs)[1].write_policy, WritePolicy::kWriteThrough);
+  }
 }
 
 TEST(KvConfigPolicyTest, UnknownWritePolicyIsRejectedNamingKeyAndValue) {
@@ -36,14 +76,17 @@ TEST(KvConfigPolicyTest, UnknownWritePolicyIsRejectedNamingKeyAndValue) {
   ASSERT_TRUE(cfg.ok());
   auto c = KvCacheConfigFromYaml(*cfg, {});
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.error().message().find("kv.disk_write_policy"), std::string::npos) << c.error().message();
-  EXPECT_NE(c.error().message().find("must be write-through, write-back or exclusive, not 'lazy'"), std::string::npos)
+  EXPECT_NE(c.error().message().find("kv.disk_write_policy"), std::string::npos)
+      << c.error().message();
+  EXPECT_NE(c.error().message().find("must be write-through, write-back or exclusive, not 'lazy'"),
+            std::string::npos)
       << c.error().message();
   auto neg = Config::Parse("kv:\n  prefetch_max_requests: -1\n", "test.yaml");
   ASSERT_TRUE(neg.ok());
   auto n = KvCacheConfigFromYaml(*neg, {});
   ASSERT_FALSE(n.ok());
-  EXPECT_NE(n.error().message().find("kv.prefetch_max_requests"), std::string::npos) << n.error().message();
+  EXPECT_NE(n.error().message().find("kv.prefetch_max_requests"), std::string::npos)
+      << n.error().message();
 }
 
 TEST(KvConfigPolicyTest, FlagsSetPoliciesAndRejectBadValues) {
@@ -54,17 +97,19 @@ TEST(KvConfigPolicyTest, FlagsSetPoliciesAndRejectBadValues) {
   EXPECT_EQ(c.host_write_policy, WritePolicy::kWriteBack);
   EXPECT_EQ(c.disk_write_policy, WritePolicy::kWriteBack);
   EXPECT_EQ(c.prefetch_max_requests, 7);
-  for (auto [flag, value] : std::vector<std::pair<const char*, const char*>>{
-           {"--kv-host-write-policy", "writeback"},
-           {"--kv-disk-write-policy", ""},
-           {"--kv-prefetch-max-requests", "x"},
-           {"--kv-prefetch-max-requests", "5000"}}) {
+  for (auto [flag, value] :
+       std::vector<std::pair<const char*, const char*>>{{"--kv-host-write-policy", "writeback"},
+                                                        {"--kv-disk-write-policy", ""},
+                                                        {"--kv-prefetch-max-requests", "x"},
+                                                        {"--kv-prefetch-max-requests", "5000"}}) {
     Status s = ApplyKvFlag(flag, value, &c);
     ASSERT_FALSE(s.ok()) << flag << " " << value;
     EXPECT_NE(s.message().find(flag), std::string::npos) << s.message();
   }
-  EXPECT_EQ(ParseWritePolicy(WritePolicyName(WritePolicy::kWriteBack)).value(), WritePolicy::kWriteBack);
-  EXPECT_EQ(ParseWritePolicy(WritePolicyName(WritePolicy::kWriteThrough)).value(), WritePolicy::kWriteThrough);
+  EXPECT_EQ(ParseWritePolicy(WritePolicyName(WritePolicy::kWriteBack)).value(),
+            WritePolicy::kWriteBack);
+  EXPECT_EQ(ParseWritePolicy(WritePolicyName(WritePolicy::kWriteThrough)).value(),
+            WritePolicy::kWriteThrough);
 }
 
 TEST(KvConfigPolicyTest, LowerTierOfEqualSizeWarnsToo) {
@@ -76,10 +121,12 @@ TEST(KvConfigPolicyTest, LowerTierOfEqualSizeWarnsToo) {
   std::vector<std::string> warnings;
   ASSERT_TRUE(ValidateKvCacheConfig(c, 0, &warnings).ok());
   ASSERT_EQ(warnings.size(), 2u);
-  EXPECT_NE(warnings[0].find("kv.host_bytes (--kv-host-bytes) 67108864 is the same size as the device tier's"),
+  EXPECT_NE(warnings[0].find(
+                "kv.host_bytes (--kv-host-bytes) 67108864 is the same size as the device tier's"),
             std::string::npos)
       << warnings[0];
-  EXPECT_NE(warnings[1].find("kv.disk_bytes (--kv-disk-bytes) 67108864 is the same size as the host tier's"),
+  EXPECT_NE(warnings[1].find(
+                "kv.disk_bytes (--kv-disk-bytes) 67108864 is the same size as the host tier's"),
             std::string::npos)
       << warnings[1];
   EXPECT_NE(warnings[1].find("will churn"), std::string::npos);
@@ -88,7 +135,8 @@ TEST(KvConfigPolicyTest, LowerTierOfEqualSizeWarnsToo) {
   warnings.clear();
   ASSERT_TRUE(ValidateKvCacheConfig(c, 0, &warnings).ok());
   ASSERT_EQ(warnings.size(), 1u);  // disk (64M) is larger than host (32M)
-  EXPECT_NE(warnings[0].find("is smaller than the device tier's"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("is smaller than the device tier's"), std::string::npos)
+      << warnings[0];
 
   c.host_bytes = (64 << 20) + 1;
   c.disk_bytes = 1 << 30;
@@ -123,7 +171,8 @@ TEST(KvConfigPolicyTest, LookupTimeoutFromYamlAndFlagWithRangeErrors) {
   ASSERT_TRUE(zero.ok());
   auto z = KvCacheConfigFromYaml(*zero, {});
   ASSERT_FALSE(z.ok());
-  EXPECT_NE(z.error().message().find("kv.lookup_timeout_ms"), std::string::npos) << z.error().message();
+  EXPECT_NE(z.error().message().find("kv.lookup_timeout_ms"), std::string::npos)
+      << z.error().message();
 }
 
 }  // namespace
