@@ -209,6 +209,39 @@ class KvManager {
   // returned, and the rest are not.
   Result<FlushResult> Flush(bool device, const std::vector<bool>& lower_tiers, bool all_namespaces = false);
 
+  // --- Blocks a peer fills (prefill/decode disaggregation, issue 19) ---
+  // A decode instance reserves device blocks for a prompt whose KV another
+  // instance computes and writes into them (the transfer engine), then
+  // names them, so that the continuation request it runs next finds them as
+  // device hits. Every block of a reservation stays referenced (never
+  // evicted, reused or flushed) until ReleaseReservation or expiry.
+  struct Reservation {
+    // One per prompt block that can come from cache ((prompt - 1) /
+    // block_size, as for a request), in chain order, and their hashes.
+    std::vector<BlockId> blocks;
+    std::vector<BlockHash> chain;
+    // Leading blocks this pool already names (an earlier turn): shared, not
+    // to be sent. The peer writes blocks [held_blocks, blocks.size()).
+    int32_t held_blocks = 0;
+  };
+  // kNotNow: the pool cannot supply the blocks now (nothing changed).
+  // InvalidArgument: `id` taken, empty prompt. `expires_nanos` (Clock time):
+  // past it, ExpireReservations frees the reservation.
+  Result<AllocOutcome> Reserve(uint64_t id, std::span<const int32_t> prompt, std::string_view cache_salt,
+                               int64_t expires_nanos, Reservation* out);
+  // The peer's writes of blocks [held_blocks, held_blocks + filled) landed
+  // (checked): names them (a block whose hash another block names by now
+  // stays private) and queues their write-through; the blocks after are
+  // freed now, unnamed. The reservation keeps its references. Errors:
+  // NotFound, InvalidArgument (filled out of range, completed twice).
+  Status CompleteReservation(uint64_t id, int32_t filled);
+  // Drops the reservation's references (its continuation took its own, or
+  // it is abandoned: unnamed blocks become free). Unknown ids are ignored.
+  void ReleaseReservation(uint64_t id);
+  // Releases the reservations whose expiry passed; returns how many.
+  size_t ExpireReservations();
+  size_t num_reservations() const { return reservations_.size(); }
+
   KvManagerStats stats() const;
   size_t num_requests() const { return requests_.size(); }
   const BlockPool& device_pool() const { return pool_; }
@@ -276,6 +309,13 @@ class KvManager {
   uint64_t next_epoch_ = 1;
   std::unordered_map<uint64_t, PendingLookup> lookups_;
   uint64_t next_lookup_ = 1;
+  struct Reserved {
+    Reservation r;
+    size_t prompt_tokens = 0;
+    int64_t expires_nanos = 0;
+    bool completed = false;
+  };
+  std::unordered_map<uint64_t, Reserved> reservations_;  // kv_reservation.cc
   KvManagerStats stats_;  // queries, device and lower hits (the mover keeps the rest)
   KvEventLog* events_ = nullptr;
   // Destroyed first (see ~KvManager): its drain reports loads into requests_.

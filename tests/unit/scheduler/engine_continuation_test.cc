@@ -13,12 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "common/thread_pool.h"
-#include "kvcache/kv_manager.h"
-#include "model/forward.h"
-#include "model/model_loader.h"
-#include "scheduler/engine.h"
 #include "tests/support/test_env.h"
+#include "tests/unit/scheduler/engine_stack.h"
 
 namespace strata::scheduler {
 namespace {
@@ -26,34 +22,13 @@ namespace {
 constexpr int kBlockSize = 4;
 constexpr int kMaxTokens = 40;
 
-// One engine stack: forward pass, KV manager, engine (destroyed in reverse).
-struct Stack {
-  std::unique_ptr<ForwardEngine> fwd;
-  std::unique_ptr<kvcache::KvManager> kv;
-  std::unique_ptr<ForwardEngineRunner> runner;
-  std::unique_ptr<Engine> engine;
-  void Reset() {
-    engine.reset();
-    runner.reset();
-    kv.reset();
-    fwd.reset();
-  }
-};
-
-struct Collected {
-  std::vector<int32_t> tokens;
-  std::string text;
-  std::vector<SampleResult> logprobs;
-  FinishReason finish = FinishReason::kNone;
-  int finals = 0;
-  int32_t completion_tokens = 0;
-  std::optional<Continuation> continuation;
-};
+using testing::Collected;
+using Stack = testing::EngineStack;
 
 class EngineContinuationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto m = LoadModel(testing::Stories260KPath());
+    auto m = LoadModel(::strata::testing::Stories260KPath());
     ASSERT_TRUE(m.ok()) << m.error().ToString();
     model_ = std::move(m).value();
     threads_ = std::make_unique<ThreadPool>(1);
@@ -62,48 +37,11 @@ class EngineContinuationTest : public ::testing::Test {
     b_ = Build();
   }
 
-  Stack Build() {
-    Stack s;
-    KvOptions kv;
-    kv.block_size = kBlockSize;
-    kv.dtype = DType::kF32;
-    kv.num_blocks = 128;
-    s.fwd = std::move(ForwardEngine::Create(model_->weights, kv, threads_.get())).value();
-    kvcache::KvManagerOptions o;
-    o.block_size = kBlockSize;
-    o.num_device_blocks = kv.num_blocks;
-    o.block_bytes = s.fwd->kv_layout().block_bytes();
-    o.ns = kvcache::NamespaceDigest(model_->weights.digest, model_->weights.config.arch, "f32", kBlockSize);
-    auto mem = [e = s.fwd.get()](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
-    s.kv = std::move(kvcache::KvManager::Create(o, mem, std::vector<kvcache::LowerTier>{}, &clock_)).value();
-    s.runner = std::make_unique<ForwardEngineRunner>(s.fwd.get());
-    EngineOptions eo;
-    eo.max_batch_tokens = 64;  // a continuation of 31 tokens + the prompt takes two chunks
-    s.engine = std::move(Engine::Create(eo, s.runner.get(), s.kv.get(), model_->tokenizer.get(), &clock_)).value();
-    return s;
-  }
+  // 128 blocks; a continuation of 31 tokens + the prompt takes two chunks of 64.
+  Stack Build() { return testing::BuildEngineStack(*model_, threads_.get(), &clock_, kBlockSize, 128, 64); }
 
-  // Submits each request to `engine`, steps it until all finish, and
-  // returns what each stream delivered.
   std::vector<Collected> Run(Engine& engine, std::vector<EngineRequest> requests) {
-    std::vector<Collected> got(requests.size());
-    for (size_t i = 0; i < requests.size(); ++i) {
-      auto id = engine.Submit(std::move(requests[i]), [c = &got[i]](RequestOutput&& ev) {
-        c->tokens.insert(c->tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
-        c->text += ev.text;
-        c->logprobs.insert(c->logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
-        c->completion_tokens = ev.completion_tokens;
-        if (ev.finished) {
-          ++c->finals;
-          c->finish = ev.finish_reason;
-          c->continuation = std::move(ev.continuation);
-        }
-      });
-      EXPECT_TRUE(id.ok()) << id.error().ToString();
-    }
-    for (int i = 0; i < 10000 && engine.num_unfinished() > 0; ++i) EXPECT_TRUE(engine.Step().ok());
-    EXPECT_EQ(engine.num_unfinished(), 0);
-    return got;
+    return testing::RunToEnd(engine, std::move(requests));
   }
 
   // Runs `requests` whole in a fresh engine, then paused after k tokens in
