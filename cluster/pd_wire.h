@@ -1,0 +1,84 @@
+#pragma once
+// Prefill/decode disaggregation (issue 19): the messages between a router
+// and its instances, as JSON over `strata serve`'s /internal/pd/ routes
+// (docs/disaggregation.md):
+//
+//   POST /internal/pd/reserve   (decode)  ReserveRequest → ReserveReply;
+//        503 when the pool cannot hold the prompt now (try another).
+//   POST /internal/pd/prefill   (prefill) PrefillRequest → PrefillReply:
+//        runs the request to its first token (pause_after 1), writes the
+//        reserved blocks into the decode instance's grants, answers with
+//        the paused final event (its tokens and continuation).
+//   POST /internal/pd/decode    (decode)  DecodeRequest → a stream of
+//        RequestOutput events, one "data: JSON" SSE line each, the last
+//        with finished = true.
+//   POST /internal/pd/cancel    (decode)  {"id":N}: frees a reservation.
+//
+// An EngineRequest crosses whole (sampling, stop conditions, salt,
+// continuation with its sampler state; not deadline_nanos, which is a
+// process's own clock). Bytes that may not be UTF-8 (a continuation's held
+// bytes) travel as hex; a logprob of -inf as null.
+//
+// Thread-safety: pure functions.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "scheduler/engine_client.h"
+
+namespace strata::cluster {
+
+std::string EngineRequestToJson(const scheduler::EngineRequest& r);
+// Errors name the field at fault (kInvalidArgument). Ranges are the
+// engine's to check (Submit).
+Result<scheduler::EngineRequest> EngineRequestFromJson(const std::string& text);
+
+std::string RequestOutputToJson(const scheduler::RequestOutput& o);
+Result<scheduler::RequestOutput> RequestOutputFromJson(const std::string& text);
+
+struct ReserveRequest {
+  uint64_t id = 0;               // chosen by the router, unique per decode instance
+  std::vector<int32_t> prompt;
+  std::string cache_salt;
+  int64_t lease_ms = 0;          // the reservation (and its grants) lapse after this
+  std::string grantee;           // the prefill instance's transfer name
+};
+std::string ReserveRequestToJson(const ReserveRequest& r);
+Result<ReserveRequest> ReserveRequestFromJson(const std::string& text);
+
+struct ReserveReply {
+  uint64_t id = 0;
+  int32_t held_blocks = 0;        // leading blocks the decode instance holds: not sent
+  int32_t blocks = 0;             // blocks [held_blocks, blocks) are to be written
+  uint64_t block_bytes = 0;
+  std::vector<uint64_t> grants;   // one per block to write, in order
+  std::string transfer;           // the decode instance's transfer address (host:port)
+};
+std::string ReserveReplyToJson(const ReserveReply& r);
+Result<ReserveReply> ReserveReplyFromJson(const std::string& text);
+
+struct PrefillRequest {
+  scheduler::EngineRequest request;  // pause_after is set to 1 by the prefill instance
+  ReserveReply decode;               // where its blocks go
+};
+std::string PrefillRequestToJson(const PrefillRequest& r);
+Result<PrefillRequest> PrefillRequestFromJson(const std::string& text);
+
+struct PrefillReply {
+  scheduler::RequestOutput output;  // the whole stream merged: first token(s), final event, continuation
+  int32_t blocks_written = 0;       // blocks [held, held + this) landed at the decode instance
+};
+std::string PrefillReplyToJson(const PrefillReply& r);
+Result<PrefillReply> PrefillReplyFromJson(const std::string& text);
+
+struct DecodeRequest {
+  uint64_t id = 0;                   // the reservation
+  int32_t filled = 0;                // blocks the prefill instance wrote (PrefillReply::blocks_written)
+  scheduler::EngineRequest request;  // with the continuation
+};
+std::string DecodeRequestToJson(const DecodeRequest& r);
+Result<DecodeRequest> DecodeRequestFromJson(const std::string& text);
+
+}  // namespace strata::cluster
