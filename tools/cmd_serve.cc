@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "cluster/pd_decode.h"
+#include "cluster/pd_prefill.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/thread_pool.h"
@@ -79,6 +81,7 @@ struct ServeFlags {
   TransferFlags transfer;     // port -1: no transfer engine
   std::string metadata;       // etcd://HOST:PORT or strata://HOST:PORT; empty: not in a cluster
   int metadata_lease_seconds = 10;
+  std::string role = "both";  // prefill | decode | both (docs/disaggregation.md)
 };
 
 int Fail(const Status& s) {
@@ -96,7 +99,7 @@ const std::vector<std::string>& ServeKeys() {
       "server.write_timeout_seconds", "server.stream_buffer_bytes",
       "engine.max_batch_tokens", "server.instance_name", "transfer.transports", "transfer.port",
       "transfer.bind_address", "transfer.advertise_address", "transfer.cluster_secret_file", "transfer.connections",
-      "cluster.metadata", "cluster.metadata_lease_seconds",
+      "cluster.metadata", "cluster.metadata_lease_seconds", "cluster.role",
   };
   return keys;
 }
@@ -150,6 +153,13 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
   STRATA_RETURN_IF_ERROR(str("--metadata", "cluster.metadata", &f->metadata));
   STRATA_RETURN_IF_ERROR(integer("--metadata-lease-seconds", "cluster.metadata_lease_seconds",
                                  &f->metadata_lease_seconds, 2, 3600));
+  STRATA_RETURN_IF_ERROR(str("--role", "cluster.role", &f->role));
+  if (f->role != "prefill" && f->role != "decode" && f->role != "both")
+    return Status::InvalidArgument("--role (cluster.role) must be prefill, decode or both, not '" + f->role + "'");
+  if (f->role != "both" && (f->metadata.empty() || f->transfer.port < 0))
+    return Status::InvalidArgument("--role " + f->role +
+                                   " needs --metadata (the router finds instances there) and a transfer engine "
+                                   "(--transfer-port not -1)");
   if (unset("--write-timeout-seconds")) {
     STRATA_ASSIGN_OR_RETURN(f->write_timeout_seconds,
                             cfg.GetDouble("server.write_timeout_seconds", f->write_timeout_seconds));
@@ -352,6 +362,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     transfer::InstanceInfo self;
     self.name = instance;
     self.incarnation = meta_incarnation;
+    self.role = f.role;
     self.http_address = AdvertisedHost(f.host, f.transfer.advertise_address) + ":" + std::to_string((*http)->port());
     if (xfer) {
       self.transfer_address = xfer->address();
@@ -371,6 +382,8 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   }
   // The cluster KV pool: publish this instance's blocks, serve peers, read theirs.
   std::unique_ptr<ServePool> kv_pool;
+  std::unique_ptr<cluster::PdDecode> pd_decode;
+  std::unique_ptr<cluster::PdPrefill> pd_prefill;
   if (meta) {
     transfer::InstanceInfo self;
     self.name = instance;
@@ -391,16 +404,34 @@ int Run(CLI::App* cmd, ServeFlags& f) {
         return ClusterLookupJson(*p->directory, kvcache::HashPrefix(ns, tokens, bs, salt), bs);
       });
     }
-    service.SetInternalRoutes([p = kv_pool.get()](const server::HttpRequest& r,
-                                                   const std::shared_ptr<server::ResponseWriter>& w) {
-      return p->holder->Handle(r.method, r.path, r.query, r.body, [w](int status, std::string body) {
+    // Prefill/decode handoffs (issue 19): every role serves the side it plays.
+    if (xfer) {
+      cluster::PostFn post = [e = engine->get()](cluster::EngineTask t) { return e->Post(std::move(t)); };
+      const SegmentId seg = (*stack)->manager->device_segment();
+      const uint64_t bb = layout.block_bytes();
+      if (f.role != "prefill") pd_decode = std::make_unique<cluster::PdDecode>(post, engine->get(), xfer.get(), seg, bb);
+      if (f.role != "decode") pd_prefill = std::make_unique<cluster::PdPrefill>(post, engine->get(), xfer.get(), seg, bb);
+    }
+    service.SetInternalRoutes([p = kv_pool.get(), d = pd_decode.get(), pf = pd_prefill.get()](
+                                  const server::HttpRequest& r, const std::shared_ptr<server::ResponseWriter>& w) {
+      cluster::ReplyFn reply = [w](int status, std::string body) {
         w->Send(status, "application/json", std::move(body));
-      });
+      };
+      if (r.path.rfind("/internal/pd/", 0) == 0) {
+        if (pf != nullptr && pf->Handle(r.method, r.path, r.body, reply)) return true;
+        cluster::StreamReply stream{[w](int status, std::string type) { w->StartStream(status, std::move(type)); },
+                                    [w](std::string data) { return w->Write(std::move(data)); }, [w] { w->End(); },
+                                    [w](std::function<void()> f) { w->OnClose(std::move(f)); }, reply};
+        return d != nullptr && d->Handle(r.method, r.path, r.body, std::move(stream));
+      }
+      return p->holder->Handle(r.method, r.path, r.query, r.body, reply);
     });
   }
-  std::function<std::string()> extra_metrics = [e = xfer.get(), p = kv_pool.get()] {
+  std::function<std::string()> extra_metrics = [e = xfer.get(), p = kv_pool.get(), d = pd_decode.get(),
+                                                pf = pd_prefill.get()] {
     std::string text = e != nullptr ? transfer::RenderTransferMetrics(e->stats()) : std::string();
     if (p != nullptr) text += RenderPoolMetrics(*p);
+    if (d != nullptr || pf != nullptr) text += RenderPdMetrics(d, pf);
     return text;
   };
   service.SetBackend(&frontend, &openai, &admin, &metrics, std::move(extra_metrics));
@@ -434,12 +465,16 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   if (!(*http)->WaitForResponses(5)) STRATA_LOG_WARN("some HTTP responses were still being written at shutdown");
   (*http)->Stop();
   service.Stop();  // what the request lanes still hold runs (503: draining) before the routes go away
+  if (pd_prefill) pd_prefill->Stop();  // its queued handoffs finish (the engine has stopped: nothing new)
+  if (pd_decode) pd_decode->Stop();
   const kvcache::KvManagerStats ks = (*stack)->manager->stats();
   if (kv_pool) StopServing(*kv_pool);  // no more resolves; host tiers no longer exported
   grpc.reset();
   engine->reset();  // before the KV stack it points into
   stack->reset();   // drains the lower tiers (the remote tier's reads use the directory and transfer engine)
   kv_pool.reset();
+  pd_prefill.reset();
+  pd_decode.reset();
   xfer.reset();
   meta.reset();
   STRATA_LOG_INFO("stopped: {} prefix-cache queries, {} device-hit tokens, {} lower-tier-hit tokens", ks.queries,
@@ -468,6 +503,10 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--metadata", f->metadata,
                   "cluster metadata store: etcd://HOST:PORT or strata://HOST:PORT (strata meta); this instance "
                   "registers there under --instance-name");
+  cmd->add_option("--role", f->role,
+                  "prefill | decode | both: the side of a prefill/decode handoff this instance serves to a "
+                  "router (both: it also serves requests whole)")
+      ->capture_default_str();
   cmd->add_option("--metadata-lease-seconds", f->metadata_lease_seconds,
                   "lease of this instance's registration: it disappears this long after it dies")
       ->check(CLI::Range(2, 3600))

@@ -322,4 +322,46 @@ std::string RenderPoolMetrics(const ServePool& pool) {
   return out;
 }
 
+std::string RenderPdMetrics(const cluster::PdDecode* decode, const cluster::PdPrefill* prefill) {
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help, uint64_t value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
+           std::to_string(value) + "\n";
+  };
+  if (decode != nullptr) {
+    const cluster::PdDecodeStats d = decode->stats();
+    family("strata_pd_reservations_total", "counter", "Decode side: reservations granted to prefill instances.",
+           d.reserved);
+    family("strata_pd_reservations_not_now_total", "counter",
+           "Decode side: reservations refused for now (the KV pool was short).", d.not_now);
+    family("strata_pd_reservations_active", "gauge", "Decode side: reservations not yet released.", d.active);
+    family("strata_pd_reservations_expired_total", "counter",
+           "Decode side: reservations freed at their lease (never decoded).", d.expired);
+    family("strata_pd_reservations_cancelled_total", "counter", "Decode side: reservations cancelled.", d.cancelled);
+    family("strata_pd_reservations_untrusted_total", "counter",
+           "Decode side: handoffs whose grants did not quiesce in time (the prompt was recomputed).", d.untrusted);
+    family("strata_pd_blocks_granted_total", "counter", "Decode side: blocks prefill instances were allowed to write.",
+           d.blocks_granted);
+    family("strata_pd_blocks_received_total", "counter", "Decode side: blocks received and named.",
+           d.blocks_received);
+    family("strata_pd_blocks_held_total", "counter",
+           "Decode side: blocks a reservation found already here (not sent again).", d.blocks_held);
+    family("strata_pd_decodes_total", "counter", "Decode side: continuations started.", d.decoded);
+  }
+  if (prefill != nullptr) {
+    const cluster::PdPrefillStats p = prefill->stats();
+    family("strata_pd_prefills_total", "counter", "Prefill side: requests run to their first token and handed over.",
+           p.prefills);
+    family("strata_pd_blocks_sent_total", "counter", "Prefill side: blocks written to decode instances.",
+           p.blocks_written);
+    family("strata_pd_bytes_sent_total", "counter", "Prefill side: KV bytes written to decode instances.",
+           p.bytes_written);
+    family("strata_pd_send_failures_total", "counter", "Prefill side: handoffs where some block did not land.",
+           p.write_failures);
+    family("strata_pd_finished_at_prefill_total", "counter",
+           "Prefill side: requests that ended at their first token (nothing handed over).", p.finished_early);
+  }
+  return out;
+}
+
 }  // namespace strata::cli

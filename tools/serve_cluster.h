@@ -9,6 +9,8 @@
 
 #include "cluster/kv_directory.h"
 #include "cluster/kv_holder.h"
+#include "cluster/pd_decode.h"
+#include "cluster/pd_prefill.h"
 #include "cluster/remote_store.h"
 #include "common/memory_segment.h"
 #include "kvcache/kv_event_log.h"
@@ -93,5 +95,8 @@ nlohmann::json ClusterLookupJson(const cluster::ClusterDirectory& directory, con
 // The pool's metric families (docs/metrics.md: strata_kv_remote_*,
 // strata_cluster_*, strata_kv_holder_*).
 std::string RenderPoolMetrics(const ServePool& pool);
+
+// The prefill/decode handoff families (docs/metrics.md: strata_pd_*); either may be null.
+std::string RenderPdMetrics(const cluster::PdDecode* decode, const cluster::PdPrefill* prefill);
 
 }  // namespace strata::cli
