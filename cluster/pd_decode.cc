@@ -5,6 +5,9 @@
 #include "cluster/pd_wire.h"
 #include "common/logging.h"
 
+#include <algorithm>
+#include <xxhash.h>
+
 namespace strata::cluster {
 
 namespace {
@@ -135,13 +138,14 @@ void PdDecode::Decode(const std::string& body, StreamReply reply) {
     // recomputed.
     const bool use = known && quiesced;
     if (use) {
-      Status s = kv.CompleteReservation(id, d.filled);
+      const int32_t filled = Verified(kv, id, d);
+      Status s = kv.CompleteReservation(id, filled);
       if (!s.ok()) {
         STRATA_LOG_WARN("pd decode: reservation {}: {}; recomputing", id, s.message());
         (void)kv.CompleteReservation(id, 0);
       }
       std::lock_guard lock(mu_);
-      stats_.blocks_received += static_cast<uint64_t>(s.ok() ? d.filled : 0);
+      stats_.blocks_received += static_cast<uint64_t>(s.ok() ? filled : 0);
     } else if (known) {
       std::lock_guard lock(mu_);
       ++stats_.untrusted;
@@ -179,6 +183,24 @@ void PdDecode::Decode(const std::string& body, StreamReply reply) {
     reply.start(200, "text/event-stream");
     reply.on_close([this, r = *rid] { engine_->Cancel(r); });
   });
+}
+
+int32_t PdDecode::Verified(kvcache::KvManager& kv, uint64_t id, const DecodeRequest& d) {
+  const kvcache::KvManager::Reservation* r = kv.reservation(id);
+  if (r == nullptr) return 0;
+  const auto room = static_cast<int32_t>(r->blocks.size()) - r->held_blocks;
+  const int32_t claimed = std::clamp(d.filled, 0, std::min(room, static_cast<int32_t>(d.checksums.size())));
+  for (int32_t i = 0; i < claimed; ++i) {
+    const uint64_t b = r->blocks[static_cast<size_t>(r->held_blocks + i)].value();
+    auto bytes = kv.segments().Resolve(Region{segment_, b * block_bytes_, block_bytes_});
+    if (bytes.ok() && XXH3_64bits(bytes->data(), bytes->size()) == d.checksums[static_cast<size_t>(i)]) continue;
+    STRATA_LOG_WARN("pd decode: reservation {}: block {} does not match the sender's checksum: recomputing from there",
+                    id, r->held_blocks + i);
+    std::lock_guard lock(mu_);
+    ++stats_.corrupt;
+    return i;
+  }
+  return claimed;
 }
 
 void PdDecode::Cancel(const std::string& body, const ReplyFn& reply) {

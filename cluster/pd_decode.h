@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cluster/kv_holder.h"
+#include "cluster/pd_wire.h"
 #include "scheduler/engine_client.h"
 #include "transfer/transfer_engine.h"
 
@@ -56,6 +57,7 @@ struct PdDecodeStats {
   uint64_t blocks_held = 0;      // blocks a reservation found already here (not sent)
   uint64_t decoded = 0;          // continuations started
   uint64_t untrusted = 0;        // reservations dropped because their grants did not quiesce
+  uint64_t corrupt = 0;          // blocks whose bytes did not match the sender's checksum (recomputed from there)
   uint64_t expired = 0;          // reservations freed at their lease
   uint64_t cancelled = 0;
   uint64_t active = 0;
@@ -87,6 +89,9 @@ class PdDecode {
   void Reserve(const std::string& body, const ReplyFn& reply);
   void Decode(const std::string& body, StreamReply reply);
   void Cancel(const std::string& body, const ReplyFn& reply);
+  // Engine thread: how many of the blocks the peer says it wrote match
+  // their checksums, leading ones (a block without a checksum counts as bad).
+  int32_t Verified(kvcache::KvManager& kv, uint64_t id, const DecodeRequest& d);
   // Revokes reservation `id`'s `grants` and runs `then(kv, quiesced)` on
   // the engine thread once all are quiesced (no write of the peer can land
   // any more) or the wait (about a second, polled by the timer) gave up.

@@ -4,6 +4,8 @@
 
 #include "common/logging.h"
 
+#include <xxhash.h>
+
 namespace strata::cluster {
 
 namespace {
@@ -103,8 +105,13 @@ void PdPrefill::HandOver(kvcache::KvManager& kv, const scheduler::EngineRequest&
   auto got = kv.Reserve(job.pin, request.prompt, request.cache_salt, INT64_MAX, &r);
   if (got.ok() && *got == kvcache::AllocOutcome::kAllocated) {
     const auto have = static_cast<int32_t>(r.held_blocks);  // computed here and still named
-    for (int32_t i = decode.held_blocks; i < std::min(have, decode.blocks); ++i)
-      job.local_blocks.push_back(r.blocks[static_cast<size_t>(i)].value());
+    for (int32_t i = decode.held_blocks; i < std::min(have, decode.blocks); ++i) {
+      const uint64_t b = r.blocks[static_cast<size_t>(i)].value();
+      auto bytes = kv.segments().Resolve(Region{segment_, b * block_bytes_, block_bytes_});
+      if (!bytes.ok()) break;  // (the device segment always resolves)
+      job.local_blocks.push_back(b);
+      job.checksums.push_back(XXH3_64bits(bytes->data(), bytes->size()));
+    }
     (void)kv.CompleteReservation(job.pin, 0);  // frees the blocks it took fresh (none when all are held)
   } else {
     job.pin = 0;  // nothing pinned: nothing sent (the decode instance recomputes)
@@ -163,6 +170,7 @@ void PdPrefill::Write(Job& job) {
   }
   if (job.pin != 0) post_([pin = job.pin](kvcache::KvManager& kv) { kv.ReleaseReservation(pin); });
   job.answer.blocks_written = written;
+  job.answer.checksums.assign(job.checksums.begin(), job.checksums.begin() + written);
   job.reply(200, PrefillReplyToJson(job.answer));
 }
 

@@ -62,6 +62,7 @@ class PdPrefill {
   struct Job {
     uint64_t pin = 0;                    // this pool's reservation holding the blocks
     std::vector<uint64_t> local_blocks;  // block ids to send, in order
+    std::vector<uint64_t> checksums;     // XXH3-64 of each, taken while pinned
     ReserveReply decode;
     PrefillReply answer;
     ReplyFn reply;

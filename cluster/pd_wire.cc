@@ -107,7 +107,7 @@ class Reader {
         Fail(key, "holds a non-integer");
         return {};
       }
-      out.push_back(static_cast<T>(v.get<int64_t>()));
+      out.push_back(v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>()));
     }
     return out;
   }
@@ -409,25 +409,29 @@ Result<PrefillRequest> PrefillRequestFromJson(const std::string& text) {
 }
 
 std::string PrefillReplyToJson(const PrefillReply& r) {
-  return json{{"output", OutputJson(r.output)}, {"blocks_written", r.blocks_written}}.dump();
+  return json{{"output", OutputJson(r.output)}, {"blocks_written", r.blocks_written}, {"checksums", r.checksums}}
+      .dump();
 }
 Result<PrefillReply> PrefillReplyFromJson(const std::string& text) {
   return Decode<PrefillReply>(text, "prefill reply", [](const Reader& r) {
     PrefillReply p;
     p.output = OutputFrom(r.Obj("output", EmptyObject()));
     p.blocks_written = r.Int<int32_t>("blocks_written");
+    p.checksums = r.Ints<uint64_t>("checksums");
     return p;
   });
 }
 
 std::string DecodeRequestToJson(const DecodeRequest& r) {
-  return json{{"id", r.id}, {"filled", r.filled}, {"request", EngineRequestJson(r.request)}}.dump();
+  return json{{"id", r.id}, {"filled", r.filled}, {"checksums", r.checksums}, {"request", EngineRequestJson(r.request)}}
+      .dump();
 }
 Result<DecodeRequest> DecodeRequestFromJson(const std::string& text) {
   return Decode<DecodeRequest>(text, "decode request", [](const Reader& r) {
     DecodeRequest q;
     q.id = r.Int<uint64_t>("id");
     q.filled = r.Int<int32_t>("filled");
+    q.checksums = r.Ints<uint64_t>("checksums");
     q.request = EngineRequestFrom(r.Obj("request", EmptyObject()));
     if (q.filled < 0) r.Fail("filled", "is negative");
     return q;

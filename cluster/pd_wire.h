@@ -69,6 +69,7 @@ Result<PrefillRequest> PrefillRequestFromJson(const std::string& text);
 struct PrefillReply {
   scheduler::RequestOutput output;  // the whole stream merged: first token(s), final event, continuation
   int32_t blocks_written = 0;       // blocks [held, held + this) landed at the decode instance
+  std::vector<uint64_t> checksums;  // XXH3-64 of each block written, as sent
 };
 std::string PrefillReplyToJson(const PrefillReply& r);
 Result<PrefillReply> PrefillReplyFromJson(const std::string& text);
@@ -76,6 +77,7 @@ Result<PrefillReply> PrefillReplyFromJson(const std::string& text);
 struct DecodeRequest {
   uint64_t id = 0;                   // the reservation
   int32_t filled = 0;                // blocks the prefill instance wrote (PrefillReply::blocks_written)
+  std::vector<uint64_t> checksums;   // PrefillReply::checksums: a block that does not match ends the run
   scheduler::EngineRequest request;  // with the continuation
 };
 std::string DecodeRequestToJson(const DecodeRequest& r);

@@ -241,6 +241,12 @@ class KvManager {
   // Releases the reservations whose expiry passed; returns how many.
   size_t ExpireReservations();
   size_t num_reservations() const { return reservations_.size(); }
+  // Reservation `id` as Reserve answered it (null when unknown); valid
+  // until the next call that changes reservations.
+  const Reservation* reservation(uint64_t id) const {
+    auto it = reservations_.find(id);
+    return it == reservations_.end() ? nullptr : &it->second.r;
+  }
 
   KvManagerStats stats() const;
   size_t num_requests() const { return requests_.size(); }

@@ -344,6 +344,9 @@ std::string RenderPdMetrics(const cluster::PdDecode* decode, const cluster::PdPr
            d.blocks_granted);
     family("strata_pd_blocks_received_total", "counter", "Decode side: blocks received and named.",
            d.blocks_received);
+    family("strata_pd_blocks_corrupt_total", "counter",
+           "Decode side: received blocks whose bytes did not match the sender's checksum (recomputed from there).",
+           d.corrupt);
     family("strata_pd_blocks_held_total", "counter",
            "Decode side: blocks a reservation found already here (not sent again).", d.blocks_held);
     family("strata_pd_decodes_total", "counter", "Decode side: continuations started.", d.decoded);

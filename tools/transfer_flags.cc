@@ -26,8 +26,8 @@ void AddTransferFlags(CLI::App* cmd, TransferFlags* f) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--transfer-faults", f->faults,
-                  "TESTS ONLY: inject faults into this engine's reads: action[:skip[:count[:delay_s]]],... with "
-                  "action delay|drop|corrupt|fail|teardown")
+                  "TESTS ONLY: inject faults into this engine's reads (writes with action@write): "
+                  "action[:skip[:count[:delay_s]]],... with action delay|drop|corrupt|fail|teardown")
       ->group("Testing");
 }
 
@@ -54,6 +54,10 @@ Result<std::vector<transfer::FaultRule>> ParseFaultRules(const std::string& spec
         {"corrupt", transfer::FaultRule::Action::kCorrupt}, {"fail", transfer::FaultRule::Action::kFail},
         {"teardown", transfer::FaultRule::Action::kTeardown}};
     bool known = false;
+    if (parts[0].size() > 6 && parts[0].ends_with("@write")) {
+      parts[0].resize(parts[0].size() - 6);
+      r.kind = transfer::OpKind::kWrite;
+    }
     for (const auto& [name, action] : kActions)
       if (parts[0] == name) r.action = action, known = true;
     if (!known || parts.size() > 4) return Status::InvalidArgument(bad + "is not action[:skip[:count[:delay_s]]]");

@@ -7,7 +7,8 @@
 // and seeded), the decode instance computes only the prompt's tail, a
 // second conversation turn sends fewer blocks, a lease that lapses before
 // the writes ends in an exact recomputation, an abandoned reservation is
-// freed at its lease, and every device pool is back to empty; counted.
+// freed at its lease, a block corrupted in flight is caught by its checksum
+// and recomputed, and every device pool is back to empty; counted.
 
 #include <gtest/gtest.h>
 
@@ -89,7 +90,7 @@ HandOff RunHandOff(int prefill_port, int decode_port, uint64_t id, const schedul
   EXPECT_TRUE(prefill->output.continuation.has_value());
   if (!prefill->output.continuation) return h;
 
-  cluster::DecodeRequest d{id, prefill->blocks_written, request};
+  cluster::DecodeRequest d{id, prefill->blocks_written, prefill->checksums, request};
   d.request.continuation = *prefill->output.continuation;
   auto s = SimpleHttp(decode_port, "POST", "/internal/pd/decode", cluster::DecodeRequestToJson(d), {}, 120);
   EXPECT_EQ(s.status, 200) << s.body;
@@ -188,6 +189,38 @@ TEST_P(PdHandoff, TheDecodeInstanceContinuesWithThePrefillInstancesBlocks) {
   EXPECT_EQ(Gauge(mp, "strata_pd_prefills_total"), 5);
   EXPECT_EQ(Gauge(mp, "strata_pd_blocks_sent_total"), Gauge(md, "strata_pd_blocks_received_total"));
   EXPECT_EQ(Gauge(mp, "strata_pd_send_failures_total"), 1) << "the lapsed lease's writes";
+  for (auto* s : {prefill.get(), decode.get(), colocated.get()}) StopCleanly(s);
+}
+
+// A lying transfer: the prefill instance's 6th block write lands with a
+// flipped byte while reporting success (a test-only fault). The decode
+// instance checks each block against the sender's checksum, names the 5
+// good ones, recomputes from there, and answers exactly.
+TEST_P(PdHandoff, ABlockCorruptedInFlightIsRecomputedNotServed) {
+  MetadataStoreProcess store(false);
+  auto member = [&](const std::string& name, const std::string& role, std::vector<std::string> extra) {
+    std::vector<std::string> a{"--metadata", store.url(), "--instance-name", name, "--role", role,
+                               "--metadata-lease-seconds", "2", "--transfer-transports", GetParam()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto prefill = StartTinyServer(member("prefill-a", "prefill", {"--transfer-faults", "corrupt@write:5:1"}));
+  auto decode = StartTinyServer(member("decode-a", "decode", {}));
+  auto colocated = StartTinyServer({});
+  ASSERT_TRUE(prefill && decode && colocated);
+  const int pp = prefill->port("http"), pd = decode->port("http");
+  const auto prompt = Prompt(9, 300);
+  const Colocated ref = Complete(colocated->port("http"), prompt, 0, 0);
+  const HandOff h = RunHandOff(pp, pd, 1, Request(prompt, 0, 0));
+  EXPECT_EQ(h.prefill.blocks_written, 18) << "the sender saw every write succeed";
+  EXPECT_EQ(h.decode_cached, 5 * kBlock) << "the 5 blocks before the corrupt one";
+  EXPECT_EQ(h.text, ref.text);
+  const std::string m = WaitForMetrics(
+      pd, [](const std::string& t) { return Gauge(t, "strata_kv_device_blocks_in_use") == 0; }, 10);
+  EXPECT_EQ(Gauge(m, "strata_pd_blocks_corrupt_total"), 1);
+  EXPECT_EQ(Gauge(m, "strata_pd_blocks_received_total"), 5);
+  EXPECT_EQ(Gauge(m, "strata_kv_device_blocks_in_use"), 0);
+  ExpectPoolEmpty(pp);
   for (auto* s : {prefill.get(), decode.get(), colocated.get()}) StopCleanly(s);
 }
 

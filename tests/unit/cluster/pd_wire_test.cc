@@ -139,18 +139,21 @@ TEST(PdWire, TheHandoffMessagesCrossWhole) {
   EXPECT_EQ(p2->decode.transfer, a.transfer);
   EXPECT_EQ(p2->request.prompt, p.request.prompt);
 
-  DecodeRequest d{7, 3, FullRequest()};
+  DecodeRequest d{7, 3, {1, 18446744073709551615ULL, 3}, FullRequest()};
   auto d2 = DecodeRequestFromJson(DecodeRequestToJson(d));
   ASSERT_TRUE(d2.ok()) << d2.error().ToString();
   EXPECT_EQ(d2->filled, 3);
+  EXPECT_EQ(d2->checksums, d.checksums) << "64-bit checksums survive";
   EXPECT_EQ(d2->request.continuation.generated, d.request.continuation.generated);
 
   PrefillReply r;
   r.output.finish_reason = FinishReason::kPaused;
   r.blocks_written = 3;
+  r.checksums = {9, 8, 7};
   auto r2 = PrefillReplyFromJson(PrefillReplyToJson(r));
   ASSERT_TRUE(r2.ok()) << r2.error().ToString();
   EXPECT_EQ(r2->blocks_written, 3);
+  EXPECT_EQ(r2->checksums, r.checksums);
 }
 
 TEST(PdWire, BadMessagesAreRefusedNamingTheField) {
