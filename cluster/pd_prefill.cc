@@ -30,13 +30,16 @@ void Merge(scheduler::RequestOutput& m, scheduler::RequestOutput&& ev) {
 }
 }  // namespace
 
-PdPrefill::PdPrefill(PostFn post, scheduler::EngineClient* engine, transfer::TransferEngine* xfer,
-                     SegmentId device_segment, uint64_t block_bytes, std::chrono::milliseconds write_timeout)
+PdPrefill::PdPrefill(PostFn post, scheduler::EngineClient* engine, kvcache::KvManager* kv,
+                     transfer::TransferEngine* xfer, SegmentId device_segment, uint64_t block_bytes, int block_size,
+                     std::chrono::milliseconds write_timeout)
     : post_(std::move(post)),
       engine_(engine),
+      kv_(kv),
       xfer_(xfer),
       segment_(device_segment),
       block_bytes_(block_bytes),
+      block_size_(block_size),
       write_timeout_(write_timeout) {
   worker_ = std::thread([this] { WorkerLoop(); });
 }
@@ -62,127 +65,156 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
   if (method != "POST" || path != "/internal/pd/prefill") return false;
   auto req = PrefillRequestFromJson(body);
   if (!req.ok()) return reply(400, ErrorBody(req.error().message())), true;
-  scheduler::EngineRequest run = req->request;
+  auto f = std::make_shared<Flight>();
+  f->decode = std::move(req->decode);
+  f->request = std::move(req->request);
+  f->reply = std::move(reply);
+  // Open the grants now (blocking round trips), so that blocks can go out
+  // from the engine thread as soon as they are full. A failure is answered
+  // at the end: nothing lands, the decode instance recomputes.
+  if (!f->decode.grants.empty()) {
+    auto peer = xfer_->Connect(f->decode.transfer);
+    if (!peer.ok()) f->open_error = peer.error();
+    for (size_t i = 0; f->open_error.ok() && i < f->decode.grants.size(); ++i) {
+      auto h = xfer_->OpenGrant(*peer, f->decode.grants[i]);
+      if (!h.ok()) f->open_error = h.error();
+      else f->remote.push_back(*h);
+    }
+    if (!f->open_error.ok()) f->remote.clear();
+  }
+  scheduler::EngineRequest run = f->request;
   run.pause_after = static_cast<int>(run.continuation.generated.size()) + 1;
+  run.on_computed = [this, f](int32_t computed) {  // engine thread
+    const uint64_t id = f->engine_id.load();
+    if (id == 0) return;  // Submit has not returned yet: sent at a later step, or at the end
+    const auto table = kv_->BlockTable(RequestId(id));
+    const int32_t full = std::min(computed / block_size_, static_cast<int32_t>(table.size()));
+    const uint64_t before = f->checksums.size();
+    Send(*f, std::min(full, f->decode.blocks), [&table](int32_t i) { return static_cast<uint64_t>(table[i]); });
+    // Overlapped: queued while the rest of the prompt is still to compute.
+    if (computed < static_cast<int32_t>(f->request.prompt.size())) f->early += f->checksums.size() - before;
+  };
   auto merged = std::make_shared<scheduler::RequestOutput>();
-  auto sink = [this, merged, request = req->request, decode = req->decode, reply](scheduler::RequestOutput&& ev) {
+  auto sink = [this, f, merged](scheduler::RequestOutput&& ev) {  // engine thread
     const bool finished = ev.finished;
     Merge(*merged, std::move(ev));
     if (!finished) return;
-    PrefillReply answer;
-    answer.output = std::move(*merged);
-    if (answer.output.finish_reason != FinishReason::kPaused) {
-      // Ended at its first token (a stop, the length, an error): nothing to hand over.
+    f->answer.output = std::move(*merged);
+    if (f->answer.output.finish_reason != FinishReason::kPaused) {
+      // Ended at its first token (a stop, the length, an error): nothing to
+      // hand over (writes already queued land in grants nobody will use).
       {
         std::lock_guard lock(mu_);
         ++stats_.finished_early;
       }
-      return reply(200, PrefillReplyToJson(answer));
+      f->answer.checksums.clear();
+      return f->reply(200, PrefillReplyToJson(f->answer));
     }
-    // The sink runs on the engine thread: the KV manager may be used here.
-    const bool posted = post_([this, request, decode, answer = std::move(answer), reply](kvcache::KvManager& kv) {
-      HandOver(kv, request, decode, answer, reply);
-    });
-    if (!posted) reply(503, ErrorBody("the engine is stopping"));
+    // After this step: the request's blocks are released now, still named.
+    if (!post_([this, f](kvcache::KvManager&) { HandOver(f); })) f->reply(503, ErrorBody("the engine is stopping"));
   };
   auto id = engine_->Submit(std::move(run), sink);
-  if (!id.ok())
-    reply(id.error().code() == StatusCode::kInvalidArgument ? 400 : 503, ErrorBody(id.error().message()));
+  if (!id.ok()) {
+    f->reply(id.error().code() == StatusCode::kInvalidArgument ? 400 : 503, ErrorBody(id.error().message()));
+    return true;
+  }
+  f->engine_id.store(id->value());
   return true;
 }
 
-void PdPrefill::HandOver(kvcache::KvManager& kv, const scheduler::EngineRequest& request, const ReserveReply& decode,
-                         PrefillReply answer, ReplyFn reply) {
-  Job job;
+void PdPrefill::Send(Flight& f, int32_t end, const std::function<uint64_t(int32_t)>& block_of) {
+  if (f.remote.empty() || f.submit_failed) return;
+  const int32_t held = f.decode.held_blocks;
+  f.next = std::max(f.next, held);
+  std::vector<transfer::TransferOp> ops;
+  for (int32_t i = f.next; i < end; ++i) {
+    const uint64_t b = block_of(i);
+    const Region local{segment_, b * block_bytes_, block_bytes_};
+    auto bytes = kv_->segments().Resolve(local);
+    if (!bytes.ok()) break;  // (the device segment always resolves)
+    f.checksums.push_back(XXH3_64bits(bytes->data(), bytes->size()));
+    transfer::TransferOp op;
+    op.kind = transfer::OpKind::kWrite;
+    op.local = local;
+    op.remote = f.remote[static_cast<size_t>(i - held)];
+    ops.push_back(op);
+    f.next = i + 1;
+  }
+  if (ops.empty()) return;
+  auto batch = xfer_->Submit(std::move(ops), transfer::Clock::now() + write_timeout_);
+  if (batch.ok()) {
+    f.batches.push_back(*batch);
+  } else {
+    STRATA_LOG_WARN("pd prefill: writes to {} not queued: {}", f.decode.transfer, batch.error().message());
+    f.submit_failed = true;  // nothing after this lands
+  }
+}
+
+void PdPrefill::HandOver(const std::shared_ptr<Flight>& f) {
+  kvcache::KvManager& kv = *kv_;
   {
     std::lock_guard lock(mu_);
     ++stats_.prefills;
-    job.pin = next_pin_++;
+    f->pin = next_pin_++;
   }
-  // Pin the blocks the request just computed (named in this pool: they are
-  // all held) until the writes are done.
+  // Pin the prompt's blocks (named here: the request just computed them)
+  // until every write is done, and send those not sent yet.
   kvcache::KvManager::Reservation r;
-  auto got = kv.Reserve(job.pin, request.prompt, request.cache_salt, INT64_MAX, &r);
+  auto got = kv.Reserve(f->pin, f->request.prompt, f->request.cache_salt, INT64_MAX, &r);
   if (got.ok() && *got == kvcache::AllocOutcome::kAllocated) {
-    const auto have = static_cast<int32_t>(r.held_blocks);  // computed here and still named
-    for (int32_t i = decode.held_blocks; i < std::min(have, decode.blocks); ++i) {
-      const uint64_t b = r.blocks[static_cast<size_t>(i)].value();
-      auto bytes = kv.segments().Resolve(Region{segment_, b * block_bytes_, block_bytes_});
-      if (!bytes.ok()) break;  // (the device segment always resolves)
-      job.local_blocks.push_back(b);
-      job.checksums.push_back(XXH3_64bits(bytes->data(), bytes->size()));
-    }
-    (void)kv.CompleteReservation(job.pin, 0);  // frees the blocks it took fresh (none when all are held)
+    const int32_t have = r.held_blocks;  // computed here and still named
+    Send(*f, std::min(have, f->decode.blocks), [&r](int32_t i) { return r.blocks[static_cast<size_t>(i)].value(); });
+    (void)kv.CompleteReservation(f->pin, 0);  // frees the blocks it took fresh (none when all are held)
   } else {
-    job.pin = 0;  // nothing pinned: nothing sent (the decode instance recomputes)
+    f->pin = 0;  // nothing pinned: writes already queued read blocks still in use or cached
   }
-  job.decode = decode;
-  job.answer = std::move(answer);
-  job.reply = std::move(reply);
   std::lock_guard lock(mu_);
-  if (stop_) {
-    if (job.pin != 0) kv.ReleaseReservation(job.pin);
-    job.reply(503, ErrorBody("the instance is shutting down"));
-    return;
-  }
-  jobs_.push_back(std::move(job));
+  done_.push_back(f);
   cv_.notify_all();
 }
 
-void PdPrefill::Write(Job& job) {
+void PdPrefill::Finish(Flight& f) {
   int32_t written = 0;
-  Status failed;
-  if (!job.local_blocks.empty()) {
-    auto peer = xfer_->Connect(job.decode.transfer);
-    std::vector<transfer::TransferOp> ops;
-    if (!peer.ok()) failed = peer.error();
-    for (size_t i = 0; failed.ok() && i < job.local_blocks.size(); ++i) {
-      auto h = xfer_->OpenGrant(*peer, job.decode.grants[i]);
-      if (!h.ok()) {
-        failed = h.error();
-        break;
-      }
-      transfer::TransferOp op;
-      op.kind = transfer::OpKind::kWrite;
-      op.local = Region{segment_, job.local_blocks[i] * block_bytes_, block_bytes_};
-      op.remote = *h;
-      ops.push_back(op);
-    }
-    if (!ops.empty()) {
-      auto batch = xfer_->Submit(ops, transfer::Clock::now() + write_timeout_);
-      if (!batch.ok()) {
-        failed = batch.error();
+  Status failed = f.open_error;
+  bool broken = false;
+  for (uint64_t b : f.batches) {
+    const transfer::BatchResult res = xfer_->Wait(b);
+    for (const Status& s : res.ops) {
+      if (!broken && s.ok()) {
+        ++written;
       } else {
-        const transfer::BatchResult res = xfer_->Wait(*batch);
-        while (written < static_cast<int32_t>(res.ops.size()) && res.ops[static_cast<size_t>(written)].ok()) ++written;
-        if (!res.status.ok()) failed = res.status;
+        broken = true;
       }
     }
+    if (!res.status.ok() && failed.ok()) failed = res.status;
   }
-  if (!failed.ok())
-    STRATA_LOG_WARN("pd prefill: {} of {} blocks reached {}: {}", written, job.local_blocks.size(),
-                    job.decode.transfer, failed.message());
+  if (f.submit_failed && failed.ok()) failed = Status::Unavailable("writes not queued");
+  const auto wanted = static_cast<int32_t>(f.decode.grants.size());
+  if (!failed.ok() || written < std::min<int32_t>(wanted, static_cast<int32_t>(f.checksums.size())))
+    STRATA_LOG_WARN("pd prefill: {} of {} blocks reached {}: {}", written, wanted, f.decode.transfer,
+                    failed.ok() ? std::string("a write failed") : failed.message());
   {
     std::lock_guard lock(mu_);
     stats_.blocks_written += static_cast<uint64_t>(written);
+    stats_.blocks_early += f.early;
     stats_.bytes_written += static_cast<uint64_t>(written) * block_bytes_;
-    if (!failed.ok()) ++stats_.write_failures;
+    if (!failed.ok() || broken) ++stats_.write_failures;
   }
-  if (job.pin != 0) post_([pin = job.pin](kvcache::KvManager& kv) { kv.ReleaseReservation(pin); });
-  job.answer.blocks_written = written;
-  job.answer.checksums.assign(job.checksums.begin(), job.checksums.begin() + written);
-  job.reply(200, PrefillReplyToJson(job.answer));
+  if (f.pin != 0) post_([pin = f.pin](kvcache::KvManager& kv) { kv.ReleaseReservation(pin); });
+  f.answer.blocks_written = written;
+  f.answer.checksums.assign(f.checksums.begin(), f.checksums.begin() + written);
+  f.reply(200, PrefillReplyToJson(f.answer));
 }
 
 void PdPrefill::WorkerLoop() {
   std::unique_lock lock(mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
-    if (jobs_.empty()) break;  // stopping, nothing left
-    Job job = std::move(jobs_.front());
-    jobs_.pop_front();
+    cv_.wait(lock, [this] { return stop_ || !done_.empty(); });
+    if (done_.empty()) break;  // stopping, nothing left
+    std::shared_ptr<Flight> f = std::move(done_.front());
+    done_.pop_front();
     lock.unlock();
-    Write(job);
+    Finish(*f);
     lock.lock();
   }
 }

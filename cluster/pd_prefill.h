@@ -1,20 +1,23 @@
 #pragma once
 // The prefill side of prefill/decode disaggregation (issue 19), behind
-// `strata serve`'s POST /internal/pd/prefill (cluster/pd_wire.h): runs the
-// request to its first token (pause_after), pins the prompt's blocks it
-// computed (a KvManager reservation on its own pool, on the engine
-// thread), writes those the decode instance asked for into its grants
-// (transfer engine, one write per block, on this class's worker thread:
-// opening grants is a blocking round trip), and answers with the paused
-// stream (first token, continuation) and how many blocks landed, leading
-// ones only: a block that failed ends the run of written blocks (the decode
-// instance recomputes from there).
+// `strata serve`'s POST /internal/pd/prefill (cluster/pd_wire.h): opens the
+// decode instance's grants (blocking round trips, on the request's lane
+// worker), runs the request to its first token (pause_after), and writes
+// each block the decode instance asked for as soon as a prefill step has
+// filled it (EngineRequest::on_computed, on the engine thread: the write
+// is queued to the transfer engine, which never blocks), so the transfer
+// overlaps the rest of the prefill. When the first token is out it pins
+// the prompt's blocks (a KvManager reservation on its own pool), sends
+// what is left, waits for every write (this class's worker thread) and
+// answers with the paused stream (first token, continuation), how many
+// leading blocks landed (a failed block ends the run: the decode instance
+// recomputes from there) and each sent block's XXH3-64, taken when it was
+// queued.
 //
-// Not yet: blocks are written once the prompt is done, not as each prefill
-// chunk completes; no per-block checksum travels with them.
-//
-// Thread-safety: Handle and stats from any thread.
+// Thread-safety: Handle and stats from any thread; `kv` is used on the
+// engine thread only (inside on_computed and posted tasks).
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -33,8 +36,9 @@
 namespace strata::cluster {
 
 struct PdPrefillStats {
-  uint64_t prefills = 0;          // requests run to their first token
+  uint64_t prefills = 0;          // requests run to their first token and handed over
   uint64_t blocks_written = 0;    // blocks that landed at decode instances
+  uint64_t blocks_early = 0;      // blocks queued while later prompt chunks were still to compute (overlapped)
   uint64_t bytes_written = 0;
   uint64_t write_failures = 0;    // handoffs where some block did not land
   uint64_t finished_early = 0;    // requests that ended at their first token (nothing to hand over)
@@ -42,14 +46,15 @@ struct PdPrefillStats {
 
 class PdPrefill {
  public:
-  // `engine`, `xfer` and the KV manager behind `post` outlive this.
+  // `engine`, `kv`, `xfer` and the engine behind `post` outlive this.
   // `device_segment`: the device pool's segment in the transfer engine's
-  // table; block i is at i * block_bytes. `write_timeout`: the deadline of
-  // one handoff's writes.
-  PdPrefill(PostFn post, scheduler::EngineClient* engine, transfer::TransferEngine* xfer, SegmentId device_segment,
-            uint64_t block_bytes, std::chrono::milliseconds write_timeout = std::chrono::seconds(30));
+  // table; block i is at i * block_bytes; blocks hold `block_size` tokens.
+  // `write_timeout`: the deadline of one handoff's writes.
+  PdPrefill(PostFn post, scheduler::EngineClient* engine, kvcache::KvManager* kv, transfer::TransferEngine* xfer,
+            SegmentId device_segment, uint64_t block_bytes, int block_size,
+            std::chrono::milliseconds write_timeout = std::chrono::seconds(30));
   ~PdPrefill();  // Stop()
-  // Handoffs queued are answered 503; the worker joins.
+  // Handoffs queued still finish; the worker joins.
   void Stop();
   PdPrefill(const PdPrefill&) = delete;
   PdPrefill& operator=(const PdPrefill&) = delete;
@@ -59,31 +64,44 @@ class PdPrefill {
   PdPrefillStats stats() const;
 
  private:
-  struct Job {
-    uint64_t pin = 0;                    // this pool's reservation holding the blocks
-    std::vector<uint64_t> local_blocks;  // block ids to send, in order
-    std::vector<uint64_t> checksums;     // XXH3-64 of each, taken while pinned
+  // One handoff. Fields after `engine_id` are the engine thread's until the
+  // flight is queued to the worker.
+  struct Flight {
     ReserveReply decode;
-    PrefillReply answer;
+    scheduler::EngineRequest request;          // as given (its prompt and salt name the blocks)
+    std::vector<transfer::RemoteHandle> remote;  // one per grant; empty when they could not be opened
+    Status open_error;
     ReplyFn reply;
+    std::atomic<uint64_t> engine_id{0};        // 0 until Submit returned
+    int32_t next = 0;                          // next block index to send
+    bool submit_failed = false;
+    std::vector<uint64_t> checksums;           // per block queued, from decode.held_blocks on
+    std::vector<uint64_t> batches;             // transfer batches, in order (ops in block order)
+    uint64_t early = 0;                        // blocks queued before the prompt's last chunk
+    uint64_t pin = 0;                          // this pool's reservation holding the blocks (0: none)
+    PrefillReply answer;
   };
-  // On the engine thread, after the paused final event: pins and queues the writes.
-  void HandOver(kvcache::KvManager& kv, const scheduler::EngineRequest& request, const ReserveReply& decode,
-                PrefillReply answer, ReplyFn reply);
-  void Write(Job& job);
+  // Engine thread: queues the writes of blocks [next, end); block i is `block_of(i)`.
+  void Send(Flight& f, int32_t end, const std::function<uint64_t(int32_t)>& block_of);
+  // Engine thread, after the paused final event: pins, sends the rest, queues the flight.
+  void HandOver(const std::shared_ptr<Flight>& f);
+  // Worker: waits for the flight's writes and answers.
+  void Finish(Flight& f);
   void WorkerLoop();
 
   const PostFn post_;
   scheduler::EngineClient* const engine_;
+  kvcache::KvManager* const kv_;
   transfer::TransferEngine* const xfer_;
   const SegmentId segment_;
   const uint64_t block_bytes_;
+  const int block_size_;
   const std::chrono::milliseconds write_timeout_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  std::deque<Job> jobs_;
-  uint64_t next_pin_ = 1ull << 63;  // apart from the ids a router gives decode reservations
+  std::deque<std::shared_ptr<Flight>> done_;  // flights whose writes are all queued
+  uint64_t next_pin_ = 1ull << 63;            // apart from the ids a router gives decode reservations
   PdPrefillStats stats_;
   std::thread worker_;
 };

@@ -410,7 +410,9 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       const SegmentId seg = (*stack)->manager->device_segment();
       const uint64_t bb = layout.block_bytes();
       if (f.role != "prefill") pd_decode = std::make_unique<cluster::PdDecode>(post, engine->get(), xfer.get(), seg, bb);
-      if (f.role != "decode") pd_prefill = std::make_unique<cluster::PdPrefill>(post, engine->get(), xfer.get(), seg, bb);
+      if (f.role != "decode")
+        pd_prefill = std::make_unique<cluster::PdPrefill>(post, engine->get(), (*stack)->manager.get(), xfer.get(), seg,
+                                                          bb, f.engine.kv_block_size);
     }
     service.SetInternalRoutes([p = kv_pool.get(), d = pd_decode.get(), pf = pd_prefill.get()](
                                   const server::HttpRequest& r, const std::shared_ptr<server::ResponseWriter>& w) {

@@ -357,6 +357,9 @@ std::string RenderPdMetrics(const cluster::PdDecode* decode, const cluster::PdPr
            p.prefills);
     family("strata_pd_blocks_sent_total", "counter", "Prefill side: blocks written to decode instances.",
            p.blocks_written);
+    family("strata_pd_blocks_sent_early_total", "counter",
+           "Prefill side: blocks queued for sending while later prompt chunks were still to compute (overlapped).",
+           p.blocks_early);
     family("strata_pd_bytes_sent_total", "counter", "Prefill side: KV bytes written to decode instances.",
            p.bytes_written);
     family("strata_pd_send_failures_total", "counter", "Prefill side: handoffs where some block did not land.",

@@ -124,7 +124,9 @@ TEST_P(PdHandoff, TheDecodeInstanceContinuesWithThePrefillInstancesBlocks) {
     return std::vector<std::string>{"--metadata", store.url(), "--instance-name", name, "--role", role,
                                     "--metadata-lease-seconds", "2", "--transfer-transports", GetParam()};
   };
-  auto prefill = StartTinyServer(member("prefill-a", "prefill"));
+  // Prompt chunks of 64 tokens: blocks go out while later chunks compute.
+  auto prefill = StartTinyServer(
+      [&] { auto a = member("prefill-a", "prefill"); a.insert(a.end(), {"--max-batch-tokens", "64"}); return a; }());
   auto decode = StartTinyServer(member("decode-a", "decode"));
   auto colocated = StartTinyServer({});
   ASSERT_TRUE(prefill && decode && colocated);
@@ -166,10 +168,13 @@ TEST_P(PdHandoff, TheDecodeInstanceContinuesWithThePrefillInstancesBlocks) {
   }
 
   // A reservation nobody decodes is freed at its lease.
-  cluster::ReserveRequest q{999, Prompt(50, 200), "", 1500, "prefill-a"};
+  cluster::ReserveRequest q{999, Prompt(50, 200), "", 3000, "prefill-a"};
   auto r = SimpleHttp(pd, "POST", "/internal/pd/reserve", cluster::ReserveRequestToJson(q));
   ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(Gauge(Metrics(pd), "strata_kv_device_blocks_in_use"), 12) << "its 12 blocks are held";
+  // (The engine's stats snapshot follows the reservation within a step.)
+  const std::string held = WaitForMetrics(
+      pd, [](const std::string& t) { return Gauge(t, "strata_kv_device_blocks_in_use") == 12; }, 2);
+  EXPECT_EQ(Gauge(held, "strata_kv_device_blocks_in_use"), 12) << "its 12 blocks are held";
   // Bad messages are refused by field; an unknown reservation's decode recomputes.
   auto bad = SimpleHttp(pd, "POST", "/internal/pd/reserve", R"({"id":1,"prompt":[],"lease_ms":5,"grantee":"x"})");
   EXPECT_EQ(bad.status, 400);
@@ -189,6 +194,10 @@ TEST_P(PdHandoff, TheDecodeInstanceContinuesWithThePrefillInstancesBlocks) {
   EXPECT_EQ(Gauge(mp, "strata_pd_prefills_total"), 5);
   EXPECT_EQ(Gauge(mp, "strata_pd_blocks_sent_total"), Gauge(md, "strata_pd_blocks_received_total"));
   EXPECT_EQ(Gauge(mp, "strata_pd_send_failures_total"), 1) << "the lapsed lease's writes";
+  // The first turns (300 tokens in chunks of 64): 16 of 18 blocks were
+  // queued while later chunks still computed; the second turns' 40-token
+  // tails come in one chunk with the first token (only the tail is computed).
+  EXPECT_GE(Gauge(mp, "strata_pd_blocks_sent_early_total"), 2 * 16);
   for (auto* s : {prefill.get(), decode.get(), colocated.get()}) StopCleanly(s);
 }
 
