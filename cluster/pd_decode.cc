@@ -55,6 +55,10 @@ bool PdDecode::Handle(const std::string& method, const std::string& path, const 
       return true;
     }
   }
+  if (path == "/internal/pd/reserve" && draining_.load()) {
+    reply.reply(503, ErrorBody("the instance is draining: reserve elsewhere"));
+    return true;
+  }
   if (path == "/internal/pd/reserve") return Reserve(body, reply.reply), true;
   if (path == "/internal/pd/decode") return Decode(body, std::move(reply)), true;
   if (path == "/internal/pd/cancel") return Cancel(body, reply.reply), true;

@@ -71,6 +71,9 @@ class PdDecode {
   PdDecode(PostFn post, scheduler::EngineClient* engine, transfer::TransferEngine* xfer, SegmentId device_segment,
            uint64_t block_bytes, std::chrono::milliseconds max_lease = std::chrono::seconds(30));
   ~PdDecode();  // Stop()
+  // SIGTERM: new reservations are refused (503: the router picks another
+  // instance); reservations held still decode while the engine takes work.
+  void SetDraining() { draining_.store(true); }
   // No more requests; the timer stops. Reservations left are freed with the KV manager.
   void Stop();
   PdDecode(const PdDecode&) = delete;
@@ -113,6 +116,7 @@ class PdDecode {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  std::atomic<bool> draining_{false};
   std::map<uint64_t, Held> held_;
   struct Revoking {
     uint64_t id = 0;

@@ -63,6 +63,7 @@ PdPrefillStats PdPrefill::stats() const {
 
 bool PdPrefill::Handle(const std::string& method, const std::string& path, const std::string& body, ReplyFn reply) {
   if (method != "POST" || path != "/internal/pd/prefill") return false;
+  if (draining_.load()) return reply(503, ErrorBody("the instance is draining: prefill elsewhere")), true;
   auto req = PrefillRequestFromJson(body);
   if (!req.ok()) return reply(400, ErrorBody(req.error().message())), true;
   auto f = std::make_shared<Flight>();

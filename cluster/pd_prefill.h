@@ -54,6 +54,8 @@ class PdPrefill {
             SegmentId device_segment, uint64_t block_bytes, int block_size,
             std::chrono::milliseconds write_timeout = std::chrono::seconds(30));
   ~PdPrefill();  // Stop()
+  // SIGTERM: new prefills are refused (503); those running finish.
+  void SetDraining() { draining_.store(true); }
   // Handoffs queued still finish; the worker joins.
   void Stop();
   PdPrefill(const PdPrefill&) = delete;
@@ -100,6 +102,7 @@ class PdPrefill {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  std::atomic<bool> draining_{false};
   std::deque<std::shared_ptr<Flight>> done_;  // flights whose writes are all queued
   uint64_t next_pin_ = 1ull << 63;            // apart from the ids a router gives decode reservations
   PdPrefillStats stats_;

@@ -455,6 +455,8 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   STRATA_LOG_INFO("received {}: draining (grace {} s, {} requests unfinished)", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                   f.shutdown_grace_seconds, (*engine)->num_unfinished());
   service.SetDraining();
+  if (pd_decode) pd_decode->SetDraining();
+  if (pd_prefill) pd_prefill->SetDraining();
   if (meta) {
     // Leave the cluster first, so no router sends more work here.
     if (Status s = meta->Deregister(); !s.ok()) STRATA_LOG_WARN("cluster: leaving: {}", s.message());
