@@ -29,13 +29,22 @@ PdDecode::PdDecode(PostFn post, scheduler::EngineClient* engine, transfer::Trans
 PdDecode::~PdDecode() { Stop(); }
 
 void PdDecode::Stop() {
+  std::vector<Revoking> left;
+  std::vector<uint64_t> grants;
   {
     std::lock_guard lock(mu_);
     if (stop_) return;
     stop_ = true;
+    left.swap(revoking_);
+    for (auto& [id, h] : held_) grants.insert(grants.end(), h.grants.begin(), h.grants.end());
   }
   cv_.notify_all();
   if (timer_.joinable()) timer_.join();
+  // No peer writes into this instance's blocks after shutdown; decodes that
+  // waited for a revocation get their answer.
+  for (uint64_t g : grants) (void)xfer_->Revoke(g);
+  for (auto& r : left)
+    if (r.then && r.abandoned) r.abandoned();
 }
 
 PdDecodeStats PdDecode::stats() const {
@@ -111,10 +120,10 @@ void PdDecode::Reserve(const std::string& body, const ReplyFn& reply) {
   if (!posted) reply(503, ErrorBody("the engine is stopping"));
 }
 
-std::vector<uint64_t> PdDecode::Take(uint64_t id, bool for_decode) {
+std::optional<std::vector<uint64_t>> PdDecode::Claim(uint64_t id, bool for_decode) {
   std::lock_guard lock(mu_);
   auto it = held_.find(id);
-  if (it == held_.end()) return {};
+  if (it == held_.end() || it->second.decoding) return std::nullopt;
   std::vector<uint64_t> g = std::move(it->second.grants);
   if (for_decode) {
     it->second.decoding = true;
@@ -128,14 +137,12 @@ std::vector<uint64_t> PdDecode::Take(uint64_t id, bool for_decode) {
 void PdDecode::Decode(const std::string& body, StreamReply reply) {
   auto req = DecodeRequestFromJson(body);
   if (!req.ok()) return reply.reply(400, ErrorBody(req.error().message()));
-  bool known = false;
-  {
-    std::lock_guard lock(mu_);
-    known = held_.contains(req->id);
-  }
   const uint64_t id = req->id;
-  std::vector<uint64_t> grants = Take(id, /*for_decode=*/true);
-  RevokeThen(id, std::move(grants), [this, d = std::move(*req), known, reply](kvcache::KvManager& kv, bool quiesced) {
+  // Unknown, expired or claimed by another call: not used (recomputed).
+  std::optional<std::vector<uint64_t>> grants = Claim(id, /*for_decode=*/true);
+  const bool known = grants.has_value();
+  auto abandoned = [reply] { reply.reply(503, ErrorBody("the engine is stopping")); };
+  RevokeThen(id, grants.value_or(std::vector<uint64_t>{}), [this, d = std::move(*req), known, reply](kvcache::KvManager& kv, bool quiesced) {
     const uint64_t id = d.id;
     // Writes that may still land are not trusted: the reservation stays
     // out of use (released once its grants quiesce) and the prompt is
@@ -186,7 +193,7 @@ void PdDecode::Decode(const std::string& body, StreamReply reply) {
     }
     reply.start(200, "text/event-stream");
     reply.on_close([this, r = *rid] { engine_->Cancel(r); });
-  });
+  }, abandoned);
 }
 
 int32_t PdDecode::Verified(kvcache::KvManager& kv, uint64_t id, const DecodeRequest& d) {
@@ -212,14 +219,9 @@ void PdDecode::Cancel(const std::string& body, const ReplyFn& reply) {
   if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_number_unsigned())
     return reply(400, ErrorBody("cancel: 'id' is required"));
   const uint64_t id = j["id"].get<uint64_t>();
-  bool known = false;
-  {
-    std::lock_guard lock(mu_);
-    auto it = held_.find(id);
-    known = it != held_.end() && !it->second.decoding;
-  }
-  if (!known) return reply(404, ErrorBody("no reservation " + std::to_string(id) + " awaiting its decode"));
-  RevokeThen(id, Take(id, /*for_decode=*/false), [this, id](kvcache::KvManager& kv, bool quiesced) {
+  std::optional<std::vector<uint64_t>> grants = Claim(id, /*for_decode=*/false);
+  if (!grants) return reply(404, ErrorBody("no reservation " + std::to_string(id) + " awaiting its decode"));
+  RevokeThen(id, std::move(*grants), [this, id](kvcache::KvManager& kv, bool quiesced) {
     if (quiesced) kv.ReleaseReservation(id);
     std::lock_guard lock(mu_);
     ++stats_.cancelled;
@@ -227,13 +229,15 @@ void PdDecode::Cancel(const std::string& body, const ReplyFn& reply) {
   reply(200, "{}");
 }
 
-void PdDecode::RevokeThen(uint64_t id, std::vector<uint64_t> grants, AfterRevoke then) {
+void PdDecode::RevokeThen(uint64_t id, std::vector<uint64_t> grants, AfterRevoke then,
+                          std::function<void()> abandoned) {
   for (uint64_t g : grants) (void)xfer_->Revoke(g);  // stops new accesses at once
-  CheckRevoked(id, std::move(grants), std::move(then), 0);
+  CheckRevoked(id, std::move(grants), std::move(then), 0, std::move(abandoned));
 }
 
-void PdDecode::CheckRevoked(uint64_t id, std::vector<uint64_t> grants, AfterRevoke then, int tries) {
-  post_([this, id, grants = std::move(grants), then = std::move(then), tries](kvcache::KvManager& kv) mutable {
+void PdDecode::CheckRevoked(uint64_t id, std::vector<uint64_t> grants, AfterRevoke then, int tries,
+                            std::function<void()> abandoned) {
+  const bool posted = post_([this, id, grants, then, tries, abandoned](kvcache::KvManager& kv) mutable {
     bool all = true;
     for (uint64_t g : grants) all = all && xfer_->Quiesced(g);
     if (all && then) return then(kv, true);
@@ -246,8 +250,9 @@ void PdDecode::CheckRevoked(uint64_t id, std::vector<uint64_t> grants, AfterRevo
       then = nullptr;
     }
     std::lock_guard lock(mu_);
-    revoking_.push_back(Revoking{id, std::move(grants), std::move(then), tries + 1});  // the timer's next tick
+    revoking_.push_back(Revoking{id, std::move(grants), std::move(then), tries + 1, std::move(abandoned)});
   });
+  if (!posted && then && abandoned) abandoned();  // the engine stopped: no reply would come
 }
 
 void PdDecode::TimerLoop() {
@@ -269,7 +274,7 @@ void PdDecode::TimerLoop() {
       it = held_.erase(it);
     }
     lock.unlock();
-    for (auto& r : again) CheckRevoked(r.id, std::move(r.grants), std::move(r.then), r.tries);
+    for (auto& r : again) CheckRevoked(r.id, std::move(r.grants), std::move(r.then), r.tries, std::move(r.abandoned));
     for (auto& [id, grants] : expired) {
       STRATA_LOG_INFO("pd decode: reservation {} not decoded within its lease: freed", id);
       RevokeThen(id, std::move(grants), [id](kvcache::KvManager& kv, bool quiesced) {

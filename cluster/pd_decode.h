@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,11 +101,18 @@ class PdDecode {
   // any more) or the wait (about a second, polled by the timer) gave up.
   // When it gave up, `then` must leave the reservation alone: its blocks
   // stay out of use, and are released here once the grants do quiesce.
+  // `abandoned` (optional) runs instead of `then` when the engine stops
+  // first (no task can run any more).
   using AfterRevoke = std::function<void(kvcache::KvManager&, bool quiesced)>;
-  void RevokeThen(uint64_t id, std::vector<uint64_t> grants, AfterRevoke then);
-  void CheckRevoked(uint64_t id, std::vector<uint64_t> grants, AfterRevoke then, int tries);
-  // Drops reservation `id` from the table; its grants (empty when unknown).
-  std::vector<uint64_t> Take(uint64_t id, bool for_decode);
+  void RevokeThen(uint64_t id, std::vector<uint64_t> grants, AfterRevoke then,
+                  std::function<void()> abandoned = {});
+  void CheckRevoked(uint64_t id, std::vector<uint64_t> grants, AfterRevoke then, int tries,
+                    std::function<void()> abandoned);
+  // Claims reservation `id` if it is held and not already being decoded,
+  // in one step: for a decode it is marked decoding, for a cancel it leaves
+  // the table; returns its grants, or nullopt when it could not be claimed
+  // (unknown, expired, or claimed by another call).
+  std::optional<std::vector<uint64_t>> Claim(uint64_t id, bool for_decode);
   void TimerLoop();
 
   const PostFn post_;
@@ -123,6 +131,7 @@ class PdDecode {
     std::vector<uint64_t> grants;
     AfterRevoke then;
     int tries = 0;
+    std::function<void()> abandoned;
   };
   std::vector<Revoking> revoking_;  // checked again by the timer
   PdDecodeStats stats_;

@@ -93,7 +93,10 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
     const uint64_t before = f->checksums.size();
     Send(*f, std::min(full, f->decode.blocks), [&table](int32_t i) { return static_cast<uint64_t>(table[i]); });
     // Overlapped: queued while the rest of the prompt is still to compute.
-    if (computed < static_cast<int32_t>(f->request.prompt.size())) f->early += f->checksums.size() - before;
+    const auto prompt_len = static_cast<int32_t>(f->request.prompt.size());
+    if (computed < prompt_len) f->early += f->checksums.size() - before;
+    // The prompt is done: pin its blocks while the request still holds them.
+    if (computed >= prompt_len && f->pin == 0) (void)Pin(*f);
   };
   auto merged = std::make_shared<scheduler::RequestOutput>();
   auto sink = [this, f, merged](scheduler::RequestOutput&& ev) {  // engine thread
@@ -103,16 +106,18 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
     f->answer.output = std::move(*merged);
     if (f->answer.output.finish_reason != FinishReason::kPaused) {
       // Ended at its first token (a stop, the length, an error): nothing to
-      // hand over (writes already queued land in grants nobody will use).
+      // hand over; the worker still waits for writes already queued.
       {
         std::lock_guard lock(mu_);
         ++stats_.finished_early;
       }
-      f->answer.checksums.clear();
-      return f->reply(200, PrefillReplyToJson(f->answer));
+      f->outcome = 1;
+      return Queue(f);
     }
-    // After this step: the request's blocks are released now, still named.
-    if (!post_([this, f](kvcache::KvManager&) { HandOver(f); })) f->reply(503, ErrorBody("the engine is stopping"));
+    if (!post_([this, f](kvcache::KvManager&) { HandOver(f); })) {
+      f->outcome = 2;
+      Queue(f);
+    }
   };
   auto id = engine_->Submit(std::move(run), sink);
   if (!id.ok()) {
@@ -126,6 +131,7 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
 void PdPrefill::Send(Flight& f, int32_t end, const std::function<uint64_t(int32_t)>& block_of) {
   if (f.remote.empty() || f.submit_failed) return;
   const int32_t held = f.decode.held_blocks;
+  end = std::min(end, held + static_cast<int32_t>(f.remote.size()));  // one grant per block to write
   f.next = std::max(f.next, held);
   std::vector<transfer::TransferOp> ops;
   for (int32_t i = f.next; i < end; ++i) {
@@ -151,30 +157,44 @@ void PdPrefill::Send(Flight& f, int32_t end, const std::function<uint64_t(int32_
   }
 }
 
+bool PdPrefill::Pin(Flight& f) {
+  uint64_t pin;
+  {
+    std::lock_guard lock(mu_);
+    pin = next_pin_++;
+  }
+  kvcache::KvManager::Reservation r;
+  auto got = kv_->Reserve(pin, f.request.prompt, f.request.cache_salt, INT64_MAX, &r);
+  if (!got.ok() || *got != kvcache::AllocOutcome::kAllocated) return false;
+  (void)kv_->CompleteReservation(pin, 0);  // frees the blocks it took fresh (none while all are named)
+  f.pin = pin;
+  return true;
+}
+
 void PdPrefill::HandOver(const std::shared_ptr<Flight>& f) {
-  kvcache::KvManager& kv = *kv_;
   {
     std::lock_guard lock(mu_);
     ++stats_.prefills;
-    f->pin = next_pin_++;
   }
-  // Pin the prompt's blocks (named here: the request just computed them)
-  // until every write is done, and send those not sent yet.
-  kvcache::KvManager::Reservation r;
-  auto got = kv.Reserve(f->pin, f->request.prompt, f->request.cache_salt, INT64_MAX, &r);
-  if (got.ok() && *got == kvcache::AllocOutcome::kAllocated) {
-    const int32_t have = r.held_blocks;  // computed here and still named
-    Send(*f, std::min(have, f->decode.blocks), [&r](int32_t i) { return r.blocks[static_cast<size_t>(i)].value(); });
-    (void)kv.CompleteReservation(f->pin, 0);  // frees the blocks it took fresh (none when all are held)
-  } else {
-    f->pin = 0;  // nothing pinned: writes already queued read blocks still in use or cached
+  // Pinned when the prompt was done (else now: the blocks the request just
+  // released are still named); send those not sent yet.
+  if (f->pin != 0 || Pin(*f)) {
+    const kvcache::KvManager::Reservation* r = kv_->reservation(f->pin);
+    const int32_t have = r->held_blocks;  // computed here and still named
+    Send(*f, std::min(have, f->decode.blocks), [r](int32_t i) { return r->blocks[static_cast<size_t>(i)].value(); });
   }
+  Queue(f);
+}
+
+void PdPrefill::Queue(std::shared_ptr<Flight> f) {
   std::lock_guard lock(mu_);
-  done_.push_back(f);
+  done_.push_back(std::move(f));
   cv_.notify_all();
 }
 
 void PdPrefill::Finish(Flight& f) {
+  // Every queued write is waited for (the transfer engine keeps a batch's
+  // result until then), whatever the outcome.
   int32_t written = 0;
   Status failed = f.open_error;
   bool broken = false;
@@ -196,14 +216,15 @@ void PdPrefill::Finish(Flight& f) {
                     failed.ok() ? std::string("a write failed") : failed.message());
   {
     std::lock_guard lock(mu_);
-    stats_.blocks_written += static_cast<uint64_t>(written);
+    if (f.outcome == 0) stats_.blocks_written += static_cast<uint64_t>(written);
     stats_.blocks_early += f.early;
-    stats_.bytes_written += static_cast<uint64_t>(written) * block_bytes_;
+    if (f.outcome == 0) stats_.bytes_written += static_cast<uint64_t>(written) * block_bytes_;
     if (!failed.ok() || broken) ++stats_.write_failures;
   }
   if (f.pin != 0) post_([pin = f.pin](kvcache::KvManager& kv) { kv.ReleaseReservation(pin); });
-  f.answer.blocks_written = written;
-  f.answer.checksums.assign(f.checksums.begin(), f.checksums.begin() + written);
+  if (f.outcome == 2) return f.reply(503, ErrorBody("the engine is stopping"));
+  f.answer.blocks_written = f.outcome == 0 ? written : 0;  // ended at its first token: nothing to decode
+  f.answer.checksums.assign(f.checksums.begin(), f.checksums.begin() + f.answer.blocks_written);
   f.reply(200, PrefillReplyToJson(f.answer));
 }
 

@@ -82,11 +82,19 @@ class PdPrefill {
     uint64_t early = 0;                        // blocks queued before the prompt's last chunk
     uint64_t pin = 0;                          // this pool's reservation holding the blocks (0: none)
     PrefillReply answer;
+    // How Finish answers: 0 = the handoff; 1 = ended at its first token
+    // (nothing handed over); 2 = the engine stopped (503).
+    int outcome = 0;
   };
   // Engine thread: queues the writes of blocks [next, end); block i is `block_of(i)`.
   void Send(Flight& f, int32_t end, const std::function<uint64_t(int32_t)>& block_of);
-  // Engine thread, after the paused final event: pins, sends the rest, queues the flight.
+  // Engine thread, once the prompt's blocks are all full (still held by the
+  // request): pins them until the writes are done. False when it could not.
+  bool Pin(Flight& f);
+  // Engine thread, after the paused final event: pins (if not yet), sends the rest, queues the flight.
   void HandOver(const std::shared_ptr<Flight>& f);
+  // Queues the flight to the worker (which waits for its writes, then answers).
+  void Queue(std::shared_ptr<Flight> f);
   // Worker: waits for the flight's writes and answers.
   void Finish(Flight& f);
   void WorkerLoop();

@@ -380,6 +380,18 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     }
     meta = std::move(*joined);
   }
+  if (f.role != "both") {
+    // The handoff reads and writes device blocks as host memory; a GPU pool
+    // would need staging through pinned buffers (not built).
+    const auto device = (*stack)->manager->segments().Get((*stack)->manager->device_segment());
+    if (!device || !HostAddressable(device->kind)) {
+      meta.reset();
+      xfer.reset();
+      return stop_early(Status::Unsupported("--role " + f.role +
+                                            ": the device KV pool is not host-addressable (a GPU); prefill/decode "
+                                            "handoffs through device memory are not built yet"));
+    }
+  }
   // The cluster KV pool: publish this instance's blocks, serve peers, read theirs.
   std::unique_ptr<ServePool> kv_pool;
   std::unique_ptr<cluster::PdDecode> pd_decode;
@@ -405,9 +417,9 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       });
     }
     // Prefill/decode handoffs (issue 19): every role serves the side it plays.
+    const SegmentId seg = (*stack)->manager->device_segment();
     if (xfer) {
       cluster::PostFn post = [e = engine->get()](cluster::EngineTask t) { return e->Post(std::move(t)); };
-      const SegmentId seg = (*stack)->manager->device_segment();
       const uint64_t bb = layout.block_bytes();
       if (f.role != "prefill") pd_decode = std::make_unique<cluster::PdDecode>(post, engine->get(), xfer.get(), seg, bb);
       if (f.role != "decode")
