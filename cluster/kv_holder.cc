@@ -10,7 +10,6 @@
 namespace strata::cluster {
 
 namespace {
-std::string ErrorBody(const std::string& message) { return nlohmann::json{{"error", message}}.dump(); }
 
 // The value of `key` in a query string "a=1&b=2" ("" when absent).
 std::string QueryValue(const std::string& query, const std::string& key) {
@@ -85,19 +84,19 @@ HolderStats KvHolder::stats() const {
 bool KvHolder::Handle(const std::string& method, const std::string& path, const std::string& query,
                       const std::string& body, ReplyFn reply) {
   if (path.rfind("/internal/kv/", 0) != 0) return false;
-  if (stopped_.load()) return reply(503, ErrorBody("the instance is shutting down")), true;
+  if (stopped_.load()) return reply(503, ErrorJson("the instance is shutting down")), true;
   const bool get = method == "GET", post = method == "POST";
   if (path == "/internal/kv/events") {
-    if (!get) return reply(405, ErrorBody("use GET")), true;
+    if (!get) return reply(405, ErrorJson("use GET")), true;
     Events(query, reply);
   } else if (path == "/internal/kv/snapshot") {
-    if (!get) return reply(405, ErrorBody("use GET")), true;
+    if (!get) return reply(405, ErrorJson("use GET")), true;
     reply(200, SnapshotToJson(log_->Snapshot()));
   } else if (path == "/internal/kv/resolve") {
-    if (!post) return reply(405, ErrorBody("use POST")), true;
+    if (!post) return reply(405, ErrorJson("use POST")), true;
     Resolve(body, std::move(reply));
   } else if (path == "/internal/kv/release") {
-    if (!post) return reply(405, ErrorBody("use POST")), true;
+    if (!post) return reply(405, ErrorJson("use POST")), true;
     Release(body, reply);
   } else {
     return false;
@@ -113,20 +112,20 @@ void KvHolder::Events(const std::string& query, const ReplyFn& reply) const {
     since = since_text.empty() ? 0 : std::stoull(since_text, &used);
     if (used != since_text.size()) throw std::invalid_argument("trailing");
   } catch (...) {
-    return reply(400, ErrorBody("'since' must be a sequence number"));
+    return reply(400, ErrorJson("'since' must be a sequence number"));
   }
   auto batches = log_->Since(since);
-  if (!batches) return reply(410, ErrorBody("batches after " + since_text + " are no longer kept: ask for a snapshot"));
+  if (!batches) return reply(410, ErrorJson("batches after " + since_text + " are no longer kept: ask for a snapshot"));
   EventsReply r{log_->instance(), log_->incarnation(), log_->epoch(), log_->last_seq(), std::move(*batches)};
   reply(200, EventsReplyToJson(r));
 }
 
 void KvHolder::Resolve(const std::string& body, ReplyFn reply) {
   auto req = ResolveRequestFromJson(body);
-  if (!req) return reply(400, ErrorBody(req.error().message()));
+  if (!req) return reply(400, ErrorJson(req.error().message()));
   const auto lease_len = std::min(std::chrono::milliseconds(req->lease_ms), max_lease_);
   auto task = [this, req = std::move(*req), lease_len, reply](kvcache::KvManager& kv) {
-    if (stopped_.load()) return reply(503, ErrorBody("the instance is shutting down"));
+    if (stopped_.load()) return reply(503, ErrorJson("the instance is shutting down"));
     auto p = std::make_shared<PendingResolve>();
     p->lease_len = lease_len;
     p->reply = reply;
@@ -183,7 +182,7 @@ void KvHolder::Resolve(const std::string& body, ReplyFn reply) {
     }
     if (p->pending == 0) FinishResolve(p);
   };
-  if (!post_(std::move(task))) reply(503, ErrorBody("the instance is shutting down"));
+  if (!post_(std::move(task))) reply(503, ErrorJson("the instance is shutting down"));
 }
 
 void KvHolder::FinishResolve(const std::shared_ptr<PendingResolve>& p) {
@@ -211,12 +210,12 @@ void KvHolder::FinishResolve(const std::shared_ptr<PendingResolve>& p) {
 void KvHolder::Release(const std::string& body, const ReplyFn& reply) {
   const auto j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("lease") || !j["lease"].is_number_unsigned())
-    return reply(400, ErrorBody("release: 'lease' must be a lease number"));
+    return reply(400, ErrorJson("release: 'lease' must be a lease number"));
   Lease lease;
   {
     std::lock_guard lock(mu_);
     auto it = leases_.find(j["lease"].get<uint64_t>());
-    if (it == leases_.end()) return reply(404, ErrorBody("no such lease (expired or released)"));
+    if (it == leases_.end()) return reply(404, ErrorJson("no such lease (expired or released)"));
     lease = std::move(it->second);
     leases_.erase(it);
     ++stats_.releases;

@@ -53,6 +53,8 @@ json BatchToJson(const KvEventBatch& b) {
 
 std::string HashHex(const BlockHash& h) { return ToHex(h.digest); }
 
+std::string ErrorJson(const std::string& message) { return json{{"error", message}}.dump(); }
+
 Result<BlockHash> HashFromHex(std::string_view hex) {
   BlockHash h;
   if (hex.size() != h.digest.size() * 2) return Status::InvalidArgument("a block hash is 64 hex digits");

@@ -26,6 +26,8 @@
 namespace strata::cluster {
 
 std::string HashHex(const BlockHash& h);
+// The body of an error reply on the cluster routes: {"error": message}.
+std::string ErrorJson(const std::string& message);
 Result<BlockHash> HashFromHex(std::string_view hex);
 
 // The events reply: batches after a sequence number.

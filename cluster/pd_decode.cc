@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/pd_wire.h"
+#include "cluster/kv_wire.h"
 #include "common/logging.h"
 
 #include <algorithm>
@@ -11,7 +12,6 @@
 namespace strata::cluster {
 
 namespace {
-std::string ErrorBody(const std::string& message) { return nlohmann::json{{"error", message}}.dump(); }
 constexpr int kRevokeTries = 100;  // x 10 ms
 }  // namespace
 
@@ -60,12 +60,12 @@ bool PdDecode::Handle(const std::string& method, const std::string& path, const 
   {
     std::lock_guard lock(mu_);
     if (stop_) {
-      reply.reply(503, ErrorBody("the instance is shutting down"));
+      reply.reply(503, ErrorJson("the instance is shutting down"));
       return true;
     }
   }
   if (path == "/internal/pd/reserve" && draining_.load()) {
-    reply.reply(503, ErrorBody("the instance is draining: reserve elsewhere"));
+    reply.reply(503, ErrorJson("the instance is draining: reserve elsewhere"));
     return true;
   }
   if (path == "/internal/pd/reserve") return Reserve(body, reply.reply), true;
@@ -76,20 +76,20 @@ bool PdDecode::Handle(const std::string& method, const std::string& path, const 
 
 void PdDecode::Reserve(const std::string& body, const ReplyFn& reply) {
   auto req = ReserveRequestFromJson(body);
-  if (!req.ok()) return reply(400, ErrorBody(req.error().message()));
+  if (!req.ok()) return reply(400, ErrorJson(req.error().message()));
   const auto lease = std::min(std::chrono::milliseconds(req->lease_ms), max_lease_);
   const bool posted = post_([this, q = std::move(*req), lease, reply](kvcache::KvManager& kv) {
     {
       std::lock_guard lock(mu_);
-      if (held_.contains(q.id)) return reply(409, ErrorBody("reservation " + std::to_string(q.id) + " exists"));
+      if (held_.contains(q.id)) return reply(409, ErrorJson("reservation " + std::to_string(q.id) + " exists"));
     }
     kvcache::KvManager::Reservation r;
     auto got = kv.Reserve(q.id, q.prompt, q.cache_salt, INT64_MAX, &r);  // the lease is ours (the timer)
-    if (!got.ok()) return reply(400, ErrorBody(got.error().message()));
+    if (!got.ok()) return reply(400, ErrorJson(got.error().message()));
     if (*got == kvcache::AllocOutcome::kNotNow) {
       std::lock_guard lock(mu_);
       ++stats_.not_now;
-      return reply(503, ErrorBody("not now: the KV pool cannot hold " + std::to_string(q.prompt.size()) +
+      return reply(503, ErrorJson("not now: the KV pool cannot hold " + std::to_string(q.prompt.size()) +
                                   " prompt tokens at the moment"));
     }
     ReserveReply a;
@@ -104,7 +104,7 @@ void PdDecode::Reserve(const std::string& body, const ReplyFn& reply) {
       if (!g.ok()) {
         for (uint64_t done : a.grants) (void)xfer_->Revoke(done);  // nothing was written yet: no wait
         kv.ReleaseReservation(q.id);
-        return reply(500, ErrorBody("granting block " + std::to_string(i) + ": " + g.error().message()));
+        return reply(500, ErrorJson("granting block " + std::to_string(i) + ": " + g.error().message()));
       }
       a.grants.push_back(*g);
     }
@@ -117,7 +117,7 @@ void PdDecode::Reserve(const std::string& body, const ReplyFn& reply) {
     }
     reply(200, ReserveReplyToJson(a));
   });
-  if (!posted) reply(503, ErrorBody("the engine is stopping"));
+  if (!posted) reply(503, ErrorJson("the engine is stopping"));
 }
 
 std::optional<std::vector<uint64_t>> PdDecode::Claim(uint64_t id, bool for_decode) {
@@ -136,12 +136,12 @@ std::optional<std::vector<uint64_t>> PdDecode::Claim(uint64_t id, bool for_decod
 
 void PdDecode::Decode(const std::string& body, StreamReply reply) {
   auto req = DecodeRequestFromJson(body);
-  if (!req.ok()) return reply.reply(400, ErrorBody(req.error().message()));
+  if (!req.ok()) return reply.reply(400, ErrorJson(req.error().message()));
   const uint64_t id = req->id;
   // Unknown, expired or claimed by another call: not used (recomputed).
   std::optional<std::vector<uint64_t>> grants = Claim(id, /*for_decode=*/true);
   const bool known = grants.has_value();
-  auto abandoned = [reply] { reply.reply(503, ErrorBody("the engine is stopping")); };
+  auto abandoned = [reply] { reply.reply(503, ErrorJson("the engine is stopping")); };
   RevokeThen(id, grants.value_or(std::vector<uint64_t>{}), [this, d = std::move(*req), known, reply](kvcache::KvManager& kv, bool quiesced) {
     const uint64_t id = d.id;
     // Writes that may still land are not trusted: the reservation stays
@@ -185,7 +185,7 @@ void PdDecode::Decode(const std::string& body, StreamReply reply) {
         held_.erase(id);
       }
       return reply.reply(rid.error().code() == StatusCode::kInvalidArgument ? 400 : 503,
-                         ErrorBody(rid.error().message()));
+                         ErrorJson(rid.error().message()));
     }
     {
       std::lock_guard lock(mu_);
@@ -217,10 +217,10 @@ int32_t PdDecode::Verified(kvcache::KvManager& kv, uint64_t id, const DecodeRequ
 void PdDecode::Cancel(const std::string& body, const ReplyFn& reply) {
   const auto j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_number_unsigned())
-    return reply(400, ErrorBody("cancel: 'id' is required"));
+    return reply(400, ErrorJson("cancel: 'id' is required"));
   const uint64_t id = j["id"].get<uint64_t>();
   std::optional<std::vector<uint64_t>> grants = Claim(id, /*for_decode=*/false);
-  if (!grants) return reply(404, ErrorBody("no reservation " + std::to_string(id) + " awaiting its decode"));
+  if (!grants) return reply(404, ErrorJson("no reservation " + std::to_string(id) + " awaiting its decode"));
   RevokeThen(id, std::move(*grants), [this, id](kvcache::KvManager& kv, bool quiesced) {
     if (quiesced) kv.ReleaseReservation(id);
     std::lock_guard lock(mu_);

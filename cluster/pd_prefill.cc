@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cluster/kv_wire.h"
 #include "common/logging.h"
 
 #include <xxhash.h>
@@ -9,7 +10,6 @@
 namespace strata::cluster {
 
 namespace {
-std::string ErrorBody(const std::string& message) { return nlohmann::json{{"error", message}}.dump(); }
 
 // Adds event `ev` of a stream to the merged output `m`.
 void Merge(scheduler::RequestOutput& m, scheduler::RequestOutput&& ev) {
@@ -63,9 +63,9 @@ PdPrefillStats PdPrefill::stats() const {
 
 bool PdPrefill::Handle(const std::string& method, const std::string& path, const std::string& body, ReplyFn reply) {
   if (method != "POST" || path != "/internal/pd/prefill") return false;
-  if (draining_.load()) return reply(503, ErrorBody("the instance is draining: prefill elsewhere")), true;
+  if (draining_.load()) return reply(503, ErrorJson("the instance is draining: prefill elsewhere")), true;
   auto req = PrefillRequestFromJson(body);
-  if (!req.ok()) return reply(400, ErrorBody(req.error().message())), true;
+  if (!req.ok()) return reply(400, ErrorJson(req.error().message())), true;
   auto f = std::make_shared<Flight>();
   f->decode = std::move(req->decode);
   f->request = std::move(req->request);
@@ -121,7 +121,7 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
   };
   auto id = engine_->Submit(std::move(run), sink);
   if (!id.ok()) {
-    f->reply(id.error().code() == StatusCode::kInvalidArgument ? 400 : 503, ErrorBody(id.error().message()));
+    f->reply(id.error().code() == StatusCode::kInvalidArgument ? 400 : 503, ErrorJson(id.error().message()));
     return true;
   }
   f->engine_id.store(id->value());
@@ -222,7 +222,7 @@ void PdPrefill::Finish(Flight& f) {
     if (!failed.ok() || broken) ++stats_.write_failures;
   }
   if (f.pin != 0) post_([pin = f.pin](kvcache::KvManager& kv) { kv.ReleaseReservation(pin); });
-  if (f.outcome == 2) return f.reply(503, ErrorBody("the engine is stopping"));
+  if (f.outcome == 2) return f.reply(503, ErrorJson("the engine is stopping"));
   f.answer.blocks_written = f.outcome == 0 ? written : 0;  // ended at its first token: nothing to decode
   f.answer.checksums.assign(f.checksums.begin(), f.checksums.begin() + f.answer.blocks_written);
   f.reply(200, PrefillReplyToJson(f.answer));

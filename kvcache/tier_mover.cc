@@ -545,15 +545,14 @@ void TierMover::WriteBackEvicted(std::span<const int> loads_from) {
         if (!StageOnce(t, &staging, BlockRegion(block), /*may_poll=*/true)) continue;
         data = staging_->region(staging);
       }
-      SubmitWriteBack(t, block, h, data, staging, keep);
+      SubmitWriteBack(t, h, data, staging, keep);
     }
     staging_->PutBack(staging);  // taken, but every submission failed
   }
 }
 
-void TierMover::SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data,
-                                int32_t staging, int64_t keep_until) {
-  (void)block;  // write-backs never hold the block: `data` is a staging copy or metadata only
+void TierMover::SubmitWriteBack(size_t t, const BlockHash& h, const Region& data, int32_t staging,
+                                int64_t keep_until) {
   if (lowers_[t].write_policy == WritePolicy::kExclusive && promotions_[t] > 0 && !draining_) {
     if (staging >= 0) staging_->Ref(staging);
     writes_in_flight_[t].insert(h);  // as a submitted write: not written twice, not admitted again
@@ -630,7 +629,7 @@ void TierMover::OnLowerEvicted(size_t from, const BlockHash& h, const Region& da
       if (!StageOnce(t, &staging, data, /*may_poll=*/false)) continue;
       src = staging_->region(staging);
     }
-    SubmitWriteBack(t, BlockId(), h, src, staging, /*keep_until=*/0);
+    SubmitWriteBack(t, h, src, staging, /*keep_until=*/0);
   }
   staging_->PutBack(staging);
 }

@@ -230,8 +230,9 @@ class TierMover {
   // (deferred_), so that the tier does not evict the oldest blocks it holds
   // to make room while the promoted blocks are still in it: the two tiers
   // then act as one LRU of their total size.
-  void SubmitWriteBack(size_t t, BlockId block, const BlockHash& h, const Region& data, int32_t staging,
-                       int64_t keep_until);
+  // (`data`: a staging copy of the block, or Region{} for metadata only:
+  // a write-back never holds the device block.)
+  void SubmitWriteBack(size_t t, const BlockHash& h, const Region& data, int32_t staging, int64_t keep_until);
   void SubmitWriteBackNow(size_t t, const BlockHash& h, const Region& data, int32_t staging, int64_t keep_until);
   // One promotion out of tier t ended (loaded, failed or never submitted).
   void EndPromotion(size_t t);

@@ -179,7 +179,7 @@ TEST_P(PdHandoff, TheDecodeInstanceContinuesWithThePrefillInstancesBlocks) {
   auto bad = SimpleHttp(pd, "POST", "/internal/pd/reserve", R"({"id":1,"prompt":[],"lease_ms":5,"grantee":"x"})");
   EXPECT_EQ(bad.status, 400);
   EXPECT_NE(bad.body.find("'prompt'"), std::string::npos) << bad.body;
-  for (int port : {pp, pd}) ExpectPoolEmpty(port);
+  for (int port : {pp, pd, pc}) ExpectPoolEmpty(port);
   // Counted: two handoffs per sampling mode, the second turns' blocks held
   // at the decode instance, the abandoned reservation expired.
   const std::string md = WaitForMetrics(
@@ -230,6 +230,7 @@ TEST_P(PdHandoff, ABlockCorruptedInFlightIsRecomputedNotServed) {
   EXPECT_EQ(Gauge(m, "strata_pd_blocks_received_total"), 5);
   EXPECT_EQ(Gauge(m, "strata_kv_device_blocks_in_use"), 0);
   ExpectPoolEmpty(pp);
+  ExpectPoolEmpty(colocated->port("http"));
   for (auto* s : {prefill.get(), decode.get(), colocated.get()}) StopCleanly(s);
 }
 

@@ -136,8 +136,9 @@ TEST(KvTiers, TheDefaultHostTierHoldsWhatTheDeviceEvictedOnly) {
   // for the promotions, so the host tier lost nothing to them.
   EXPECT_GT(MetricValue(m, "strata_kv_tier_writebacks_deferred_total", R"(tier="host")").value_or(0), 0) << m;
   EXPECT_EQ(MetricValue(m, "strata_kv_tier_writebacks_dropped_total", R"(tier="host")").value_or(0), 0) << m;
-  WaitForMetrics(
+  const std::string end = WaitForMetrics(
       port, [](const std::string& mm) { return MetricValue(mm, "strata_kv_device_blocks_in_use") == 0; }, 30);
+  EXPECT_EQ(MetricValue(end, "strata_kv_device_blocks_in_use"), 0) << "the device pool is back to empty";
   StopCleanly(server.get());
 }
 

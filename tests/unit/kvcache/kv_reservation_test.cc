@@ -144,7 +144,7 @@ TEST_F(KvReservationTest, APartialFillNamesWhatLandedAndExpiryFreesTheRest) {
   EXPECT_TRUE(mgr_->device_pool().CheckConsistency().ok());
 }
 
-TEST_F(KvReservationTest, MisuseIsRefusedByName) {
+TEST_F(KvReservationTest, MisuseIsRefused) {
   Make(16);
   KvManager::Reservation r;
   ASSERT_TRUE(mgr_->Reserve(1, Seq(13, 1), {}, 1'000'000'000, &r).ok());

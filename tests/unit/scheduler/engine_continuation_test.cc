@@ -28,9 +28,8 @@ using Stack = testing::EngineStack;
 class EngineContinuationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto m = LoadModel(::strata::testing::Stories260KPath());
-    ASSERT_TRUE(m.ok()) << m.error().ToString();
-    model_ = std::move(m).value();
+    model_ = testing::LoadStories260K();
+    ASSERT_NE(model_, nullptr);
     threads_ = std::make_unique<ThreadPool>(1);
     prompt_ = TokenizePrompt(*model_, "Once upon a time, there was a little girl named Lily. She loved to play");
     a_ = Build();

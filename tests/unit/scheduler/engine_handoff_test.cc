@@ -27,9 +27,8 @@ using testing::EngineStack;
 class EngineHandoffTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto m = LoadModel(::strata::testing::Stories260KPath());
-    ASSERT_TRUE(m.ok()) << m.error().ToString();
-    model_ = std::move(m).value();
+    model_ = testing::LoadStories260K();
+    ASSERT_NE(model_, nullptr);
     threads_ = std::make_unique<ThreadPool>(1);
   }
   EngineStack Build() { return testing::BuildEngineStack(*model_, threads_.get(), &clock_, kBlockSize, 128, 64); }

@@ -16,6 +16,7 @@
 #include "model/forward.h"
 #include "model/model_loader.h"
 #include "scheduler/engine.h"
+#include "tests/support/test_env.h"
 
 namespace strata::scheduler::testing {
 
@@ -43,6 +44,13 @@ struct EngineStack {
     return *this;
   }
 };
+
+// The real stories260K model (../shared/models), or null after a test failure.
+inline std::unique_ptr<LoadedModel> LoadStories260K() {
+  auto m = LoadModel(::strata::testing::Stories260KPath());
+  EXPECT_TRUE(m.ok()) << m.error().ToString();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
 
 // f32 KV, no lower tiers; `m`, `threads` and `clock` outlive the stack.
 inline EngineStack BuildEngineStack(const LoadedModel& m, ThreadPool* threads, kvcache::Clock* clock,
