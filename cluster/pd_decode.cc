@@ -164,6 +164,7 @@ void PdDecode::Decode(const std::string& body, StreamReply reply) {
     }
     auto first = std::make_shared<std::atomic<bool>>(true);
     auto sink = [this, id, use, first, reply](scheduler::RequestOutput&& ev) {
+      if (observer_) observer_(ev);
       if (use && first->exchange(false)) {
         // The continuation holds its own references now (its first event
         // comes after its admission): the reservation's can go.

@@ -77,6 +77,10 @@ class PdDecode {
   void SetDraining() { draining_.store(true); }
   // No more requests; the timer stops. Reservations left are freed with the KV manager.
   void Stop();
+  // Sees every engine event of the requests this side runs (the server's
+  // request metrics), on the engine thread before the event is used; must
+  // not block. Set before the first request, or never.
+  void SetObserver(std::function<void(const scheduler::RequestOutput&)> observer) { observer_ = std::move(observer); }
   PdDecode(const PdDecode&) = delete;
   PdDecode& operator=(const PdDecode&) = delete;
 
@@ -121,6 +125,7 @@ class PdDecode {
   const SegmentId segment_;
   const uint64_t block_bytes_;
   const std::chrono::milliseconds max_lease_;
+  std::function<void(const scheduler::RequestOutput&)> observer_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -100,6 +100,7 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
   };
   auto merged = std::make_shared<scheduler::RequestOutput>();
   auto sink = [this, f, merged](scheduler::RequestOutput&& ev) {  // engine thread
+    if (observer_) observer_(ev);
     const bool finished = ev.finished;
     Merge(*merged, std::move(ev));
     if (!finished) return;
@@ -225,6 +226,7 @@ void PdPrefill::Finish(Flight& f) {
   if (f.outcome == 2) return f.reply(503, ErrorJson("the engine is stopping"));
   f.answer.blocks_written = f.outcome == 0 ? written : 0;  // ended at its first token: nothing to decode
   f.answer.checksums.assign(f.checksums.begin(), f.checksums.begin() + f.answer.blocks_written);
+  for (kvcache::TierKind k : engine_->tier_kinds()) f.answer.tier_kinds.emplace_back(kvcache::TierKindName(k));
   f.reply(200, PrefillReplyToJson(f.answer));
 }
 

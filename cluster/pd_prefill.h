@@ -58,6 +58,10 @@ class PdPrefill {
   void SetDraining() { draining_.store(true); }
   // Handoffs queued still finish; the worker joins.
   void Stop();
+  // Sees every engine event of the requests this side runs (the server's
+  // request metrics), on the engine thread before the event is used; must
+  // not block. Set before the first request, or never.
+  void SetObserver(std::function<void(const scheduler::RequestOutput&)> observer) { observer_ = std::move(observer); }
   PdPrefill(const PdPrefill&) = delete;
   PdPrefill& operator=(const PdPrefill&) = delete;
 
@@ -107,6 +111,7 @@ class PdPrefill {
   const uint64_t block_bytes_;
   const int block_size_;
   const std::chrono::milliseconds write_timeout_;
+  std::function<void(const scheduler::RequestOutput&)> observer_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -409,7 +409,10 @@ Result<PrefillRequest> PrefillRequestFromJson(const std::string& text) {
 }
 
 std::string PrefillReplyToJson(const PrefillReply& r) {
-  return json{{"output", OutputJson(r.output)}, {"blocks_written", r.blocks_written}, {"checksums", r.checksums}}
+  return json{{"output", OutputJson(r.output)},
+              {"blocks_written", r.blocks_written},
+              {"checksums", r.checksums},
+              {"tier_kinds", r.tier_kinds}}
       .dump();
 }
 Result<PrefillReply> PrefillReplyFromJson(const std::string& text) {
@@ -418,6 +421,7 @@ Result<PrefillReply> PrefillReplyFromJson(const std::string& text) {
     p.output = OutputFrom(r.Obj("output", EmptyObject()));
     p.blocks_written = r.Int<int32_t>("blocks_written");
     p.checksums = r.Ints<uint64_t>("checksums");
+    p.tier_kinds = r.Strs("tier_kinds");
     return p;
   });
 }

@@ -70,6 +70,9 @@ struct PrefillReply {
   scheduler::RequestOutput output;  // the whole stream merged: first token(s), final event, continuation
   int32_t blocks_written = 0;       // blocks [held, held + this) landed at the decode instance
   std::vector<uint64_t> checksums;  // XXH3-64 of each block written, as sent
+  // The kinds ("device", "host", "disk", "remote") of the prefill
+  // instance's tiers by index: output.cached_tokens_by_tier's meaning.
+  std::vector<std::string> tier_kinds;
 };
 std::string PrefillReplyToJson(const PrefillReply& r);
 Result<PrefillReply> PrefillReplyFromJson(const std::string& text);

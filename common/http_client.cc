@@ -314,9 +314,26 @@ Status ReadBody(Reader& r, const std::string& method, HttpResponse* resp, bool h
 HttpConnection::~HttpConnection() { Close(); }
 
 void HttpConnection::Close() {
+  std::lock_guard lock(abort_mu_);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   leftover_.clear();
+}
+
+bool HttpConnection::IsAborted() {
+  std::lock_guard lock(abort_mu_);
+  return aborted_;
+}
+
+Status HttpConnection::AbortedOr(Status s) {
+  if (IsAborted()) return Status::Cancelled("the call was aborted");
+  return s;
+}
+
+void HttpConnection::Abort() {
+  std::lock_guard lock(abort_mu_);
+  aborted_ = true;
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
 
 Result<HttpResponse> HttpConnection::Call(const std::string& method, const std::string& path,
@@ -354,17 +371,26 @@ Result<HttpResponse> HttpConnection::Do(const std::string& method, const std::st
   // A kept-alive socket may have been closed by the server meanwhile: one
   // retry on a fresh connection when nothing at all came back.
   for (int attempt = 0;; ++attempt) {
+    if (IsAborted()) return Status::Cancelled("the call was aborted");
     bool reused = fd_ >= 0;
     if (fd_ < 0) {
-      STRATA_ASSIGN_OR_RETURN(fd_, Connect(host_, port_, deadline));
+      STRATA_ASSIGN_OR_RETURN(int fd, Connect(host_, port_, deadline));
+      std::lock_guard lock(abort_mu_);
+      fd_ = fd;
       ++connects_;
       leftover_.clear();
+    }
+    {
+      std::lock_guard lock(abort_mu_);
+      if (aborted_) {
+        ::shutdown(fd_, SHUT_RDWR);
+      }
     }
     bool answered_early = false;
     Status sent = SendAll(fd_, req, deadline, &answered_early);
     if (!sent.ok()) {
       Close();
-      return sent;
+      return AbortedOr(sent);
     }
     HttpResponse resp;
     bool http10 = false, got_any = false;
@@ -373,14 +399,14 @@ Result<HttpResponse> HttpConnection::Do(const std::string& method, const std::st
     Status head = ReadHead(reader, &resp, &http10, &got_any);
     if (!head.ok()) {
       Close();
-      if (reused && !got_any && attempt == 0 && head.code() == StatusCode::kUnavailable) continue;
-      return head;
+      if (reused && !got_any && attempt == 0 && head.code() == StatusCode::kUnavailable && !IsAborted()) continue;
+      return AbortedOr(head);
     }
     bool reusable = false, stopped = false;
     Status b = ReadBody(reader, method, &resp, http10, on_data, &reusable, &stopped);
     if (!b.ok()) {
       Close();
-      return b;
+      return AbortedOr(b);
     }
     if (stopped || !reusable || close_after || answered_early) Close();
     return resp;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -70,6 +71,11 @@ class HttpConnection {
   Result<HttpResponse> Stream(const std::string& method, const std::string& path, const std::string& body,
                               const HeaderList& headers, HttpDataFn on_data, double timeout_seconds = 60);
   bool connected() const { return fd_ >= 0; }
+  // From any thread: ends the call in progress at once (its socket is shut
+  // down; it returns kCancelled) and makes every later call fail with
+  // kCancelled. For a caller that must give up a blocking call (a client
+  // that left).
+  void Abort();
   // How many TCP connections this object has opened (1 while keep-alive holds).
   int connects() const { return connects_; }
   void Close();
@@ -78,12 +84,17 @@ class HttpConnection {
   Result<HttpResponse> Do(const std::string& method, const std::string& path, const std::string& body,
                           const HeaderList& headers, const HttpDataFn* on_data, double timeout_seconds,
                           bool close_after);
+  bool IsAborted();
+  // kCancelled when Abort() was called (whatever the socket said), else `s`.
+  Status AbortedOr(Status s);
 
   std::string host_;
   int port_;
   int fd_ = -1;
   int connects_ = 0;
   std::string leftover_;  // bytes read past the previous response
+  std::mutex abort_mu_;   // fd_'s close and Abort's shutdown
+  bool aborted_ = false;  // abort_mu_
 
   friend Result<HttpResponse> HttpCall(const std::string&, int, const std::string&, const std::string&,
                                        const std::string&, const HeaderList&, double);

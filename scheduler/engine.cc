@@ -622,6 +622,9 @@ Result<bool> Engine::Step() {
   }
   const auto forward_start = std::chrono::steady_clock::now();
   Status st = runner_->Forward(out.batch, &logits_);
+  if (options_.step_time_factor > 1) {
+    std::this_thread::sleep_for((std::chrono::steady_clock::now() - forward_start) * (options_.step_time_factor - 1));
+  }
   const auto forward_end = std::chrono::steady_clock::now();
   forward_nanos_ += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(forward_end - forward_start).count());

@@ -126,6 +126,11 @@ struct EngineOptions {
   // (KvManager::SubmitLookup); an answer later than this counts as a
   // lower-tier miss. Local tiers answer at once.
   double lookup_timeout_seconds = 0.05;
+  // Test-only (`strata serve --debug-step-time-factor`): >= 1; each forward
+  // pass is followed by a sleep of (factor - 1) x its wall time, so that a
+  // test can make an instance slower (or slow enough to act mid-stream) on
+  // a machine whose thread counts cannot. 1 = off.
+  double step_time_factor = 1;
 };
 
 // One step's work as a plain value (Engine::Schedule): the batch for the

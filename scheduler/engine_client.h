@@ -106,6 +106,11 @@ struct RequestOutput {
   // Set in the final event of a kPaused request only: give it to
   // EngineRequest::continuation to continue.
   std::optional<Continuation> continuation;
+  // Which instances served the request, set by a router in front of
+  // prefill and decode instances (cluster/pd_router.h) on every event; empty
+  // in-process. Not sent over the wire.
+  std::string prefill_instance;
+  std::vector<std::string> decode_instances;  // in order: a failover adds one
 };
 
 using OutputSink = std::function<void(RequestOutput&&)>;

@@ -256,6 +256,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
     std::chrono::steady_clock::time_point write_started;  // of the write in flight
     int n = 0, unfinished = 0;
     std::unique_ptr<UsageTally> usage;
+    bool sent_instances = false;  // the x-strata-*-instance initial metadata was added
   };
   StreamReactor(grpc::CallbackServerContext* ctx, const char* method, ServiceDeps deps)
       : deps_(deps), st_(std::make_shared<State>(ctx, method, deps)) {
@@ -418,6 +419,14 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
       std::lock_guard<std::mutex> lock(st->mu);
       if (st->final || choice < 0 || choice >= st->n) return;
       st->usage->Add(choice, ev);
+      if (!st->sent_instances && st->ctx != nullptr && !ev.prefill_instance.empty()) {
+        // Before the first write sends the initial metadata.
+        st->sent_instances = true;
+        st->ctx->AddInitialMetadata("x-strata-prefill-instance", ev.prefill_instance);
+        std::string d;
+        for (const std::string& name : ev.decode_instances) d += (d.empty() ? "" : ",") + name;
+        if (!d.empty()) st->ctx->AddInitialMetadata("x-strata-decode-instance", d);
+      }
       if (!ev.token_ids.empty() || !ev.text.empty()) st->queue.push_back(DeltaMessage(choice, ev));
       if (ev.finished) {
         --st->unfinished;
@@ -518,6 +527,11 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
     pb::CachedTokensByTier* by_tier = usage->mutable_cached_tokens_by_tier();  // also when all 0
     for (size_t k = 0; k < kvcache::kNumTierKinds; ++k)
       AddTier(by_tier, static_cast<kvcache::TierKind>(k), static_cast<int32_t>(u.cached_by_kind[k]));
+    if (!u.prefill_instance.empty() || !u.decode_instances.empty()) {
+      pb::Instances* in = usage->mutable_instances();
+      in->set_prefill(u.prefill_instance);
+      for (const std::string& d : u.decode_instances) in->add_decode(d);
+    }
     return msg;
   }
 

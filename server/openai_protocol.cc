@@ -664,10 +664,13 @@ json UsageJson(const Usage& u) {
   json by_tier = json::object();
   for (kvcache::TierKind k : kvcache::kAllTierKinds)
     by_tier[std::string(kvcache::TierKindName(k))] = u.cached_by_kind[kvcache::TierKindIndex(k)];
-  return json{{"prompt_tokens", u.prompt_tokens},
-              {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}, {"cached_tokens_by_tier", by_tier}}}};
+  json j{{"prompt_tokens", u.prompt_tokens},
+         {"completion_tokens", u.completion_tokens},
+         {"total_tokens", u.prompt_tokens + u.completion_tokens},
+         {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}, {"cached_tokens_by_tier", by_tier}}}};
+  if (!u.prefill_instance.empty() || !u.decode_instances.empty())
+    j["strata"] = {{"instances", {{"prefill", u.prefill_instance}, {"decode", u.decode_instances}}}};
+  return j;
 }
 
 void AddCachedByTier(std::span<const int32_t> by_tier, std::span<const kvcache::TierKind> tier_kinds, Usage* u) {

@@ -54,10 +54,15 @@ struct Usage {
   // kvcache::TierKindIndex (every tier of a kind adds to its entry).
   std::array<int64_t, kvcache::kNumTierKinds> cached_by_kind{};
   int64_t& cached(kvcache::TierKind k) { return cached_by_kind[kvcache::TierKindIndex(k)]; }
+  // Behind a router (RequestOutput::prefill_instance): which instances
+  // served it, as "strata": {"instances": {"prefill", "decode": [...]}}.
+  std::string prefill_instance;
+  std::vector<std::string> decode_instances;
 };
 // {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
 //  {"cached_tokens", "cached_tokens_by_tier": {"device","host","disk","remote"}}}
-// (every field present, also when 0).
+// (every field present, also when 0), and "strata": {"instances": {"prefill",
+// "decode"}} when a router served it.
 nlohmann::json UsageJson(const Usage& usage);
 // Adds engine cached-token counts by tier (index 0 device, then lower tiers,
 // of the kinds in `tier_kinds`, Engine::tier_kinds()) into `usage`'s entry

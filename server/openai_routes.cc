@@ -38,6 +38,17 @@ ApiError MethodNotAllowed(const std::string& method, const std::string& path) {
   return e;
 }
 
+// x-strata-prefill-instance and x-strata-decode-instance (a comma-separated
+// list after a failover), when a router served the request.
+HeaderList InstanceHeaders(const std::string& prefill, const std::vector<std::string>& decode) {
+  HeaderList h;
+  if (!prefill.empty()) h.emplace_back("x-strata-prefill-instance", prefill);
+  std::string d;
+  for (const std::string& name : decode) d += (d.empty() ? "" : ",") + name;
+  if (!d.empty()) h.emplace_back("x-strata-decode-instance", d);
+  return h;
+}
+
 // One generation request (all its choices) from submission to the last byte.
 // Events arrive on the engine thread (never two at once: the Frontend
 // serializes them); OnClose on an I/O thread.
@@ -137,6 +148,12 @@ class Generation : public std::enable_shared_from_this<Generation> {
     Choice& c = choices_[static_cast<size_t>(index)];
     if (c.finished) return false;
     usage_.Add(index, ev);
+    if (!ev.prefill_instance.empty() || !ev.decode_instances.empty()) {
+      // Behind a router: the streamed headers name the instances of the
+      // first event; a whole response names every one (the usage too).
+      const Usage u = usage_.Make({});
+      instance_headers_ = InstanceHeaders(u.prefill_instance, u.decode_instances);
+    }
     if (done_) {
       if (ev.finished) c.finished = true;
       return false;
@@ -203,7 +220,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     const std::string& model = req_.params.model;
     w_->Send(200, kJson,
              chat() ? ChatCompletionBody(id_, created_, model, out, MakeUsage())
-                    : CompletionBody(id_, created_, model, out, MakeUsage()));
+                    : CompletionBody(id_, created_, model, out, MakeUsage()),
+             instance_headers_);
     return false;
   }
 
@@ -215,7 +233,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
       if (ok) ok = w_->Write(std::move(data));
     };
     if (!stream_started_) {
-      w_->StartStream(200, "text/event-stream", {{"cache-control", "no-cache"}});
+      HeaderList headers{{"cache-control", "no-cache"}};
+      headers.insert(headers.end(), instance_headers_.begin(), instance_headers_.end());
+      w_->StartStream(200, "text/event-stream", std::move(headers));
       stream_started_ = true;
     }
     if (!c.sent_first) {
@@ -298,6 +318,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::vector<Choice> choices_;
   int unfinished_ = 0;
   bool stream_started_ = false;
+  HeaderList instance_headers_;  // x-strata-{prefill,decode}-instance behind a router
   bool done_ = false;  // the response is complete (or failed, or the client left)
   UsageTally usage_;  // after req_ (its size)
   FinishReason finish_reason_ = FinishReason::kNone;

@@ -114,8 +114,11 @@ void Service::Route(HttpRequest&& req, const std::shared_ptr<ResponseWriter>& w)
     return SendError(ApiError::NotFound("no admin endpoint " + req.method + " " + req.path), w);
   }
   if (req.path.rfind("/internal/", 0) == 0) {
-    if (!AdminAuthorized(req))
-      return SendError(ApiError::Unauthorized("the cluster routes need 'Authorization: Bearer ADMIN_TOKEN'"), w);
+    if (!BearerMatches(req, options_.internal_token.empty() ? options_.admin_token : options_.internal_token))
+      return SendError(ApiError::Unauthorized(options_.internal_token.empty()
+                                                  ? "the cluster routes need 'Authorization: Bearer ADMIN_TOKEN'"
+                                                  : "the cluster routes need the cluster secret's bearer token"),
+                       w);
     if (b == nullptr) return SendError(ApiError::Unavailable("the model is still loading"), w);
     if (internal_ && internal_(req, w)) return;
     return SendError(ApiError::NotFound("no cluster endpoint " + req.method + " " + req.path), w);

@@ -36,6 +36,10 @@ class ServerMetrics;
 struct ServiceOptions {
   std::string api_key;      // required as "Authorization: Bearer KEY" on /v1/*, /tokenize, /detokenize; empty = open
   std::string admin_token;  // required on /admin/* (checked by AdminRoutes); empty = open
+  // Required on /internal/* (the cluster's calls between instances and
+  // from a router): transfer::ClusterBearer of the cluster secret; empty =
+  // the admin token (empty = open).
+  std::string internal_token;
   int retry_after_seconds = 1;  // Retry-After on 429 and 503
   RequestLanesOptions lanes;     // workers and queue limits of the small and large lanes
 };

@@ -1,10 +1,17 @@
 #include "server/usage.h"
 
+#include <algorithm>
+
 namespace strata::server {
 
 void UsageTally::Add(int choice, const scheduler::RequestOutput& ev) {
   if (choice < 0 || static_cast<size_t>(choice) >= completion_.size()) return;
   completion_[static_cast<size_t>(choice)] = ev.completion_tokens;
+  if (!ev.prefill_instance.empty() && (prefill_instance_.empty() || choice == 0)) prefill_instance_ = ev.prefill_instance;
+  for (const std::string& d : ev.decode_instances) {
+    if (std::find(decode_instances_.begin(), decode_instances_.end(), d) == decode_instances_.end())
+      decode_instances_.push_back(d);
+  }
   if (choice != 0) return;
   prompt_ = ev.prompt_tokens;
   cached_ = ev.cached_tokens;
@@ -25,6 +32,8 @@ Usage UsageTally::Make(std::span<const kvcache::TierKind> tier_kinds) const {
   u.completion_tokens = completion_tokens();
   u.cached_tokens = cached_;
   AddCachedByTier(by_tier_, tier_kinds, &u);
+  u.prefill_instance = prefill_instance_;
+  u.decode_instances = decode_instances_;
   return u;
 }
 

@@ -2,13 +2,16 @@
 // The usage of one API request, built in one place for HTTP and gRPC as its
 // choices' events arrive: the prompt and its cache hits counted once (from
 // choice 0, as OpenAI counts the prompt once for n > 1), completion tokens
-// summed over the choices, and the time to the first token of choice 0.
+// summed over the choices, the time to the first token of choice 0, and,
+// behind a router, the instances that served it (the prefill instance of
+// choice 0, every decode instance of every choice).
 //
 // Thread-safety: none; the caller serializes Add (HTTP: under the request's
 // lock; gRPC: the call's thread).
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kvcache/tier_kind.h"
@@ -36,6 +39,8 @@ class UsageTally {
   int32_t prompt_ = 0, cached_ = 0;
   std::vector<int32_t> by_tier_;
   std::vector<int32_t> completion_;  // per choice
+  std::string prefill_instance_;                // choice 0's (or the first seen)
+  std::vector<std::string> decode_instances_;   // of every choice, each once, in order of appearance
   double ttft_ms_ = -1;
 };
 
