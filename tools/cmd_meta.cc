@@ -3,7 +3,8 @@
 // gateway's subset that Strata uses (lease grant/keepalive/revoke, kv
 // put/range/deleterange) and GET /health. State is in memory: a restarted
 // meta starts empty and instances register again within a keepalive period.
-// SIGTERM or SIGINT: exit 0.
+// With --cluster-secret-file every call but GET /health must carry the
+// secret's bearer token (transfer::ClusterBearer). SIGTERM or SIGINT: exit 0.
 
 #include <signal.h>
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include "common/logging.h"
 #include "server/http_server.h"
 #include "tools/commands.h"
+#include "tools/serve_process.h"
+#include "tools/transfer_flags.h"
 #include "transfer/metadata.h"
 
 namespace strata::cli {
@@ -26,12 +29,8 @@ struct MetaFlags {
   std::string host = "127.0.0.1";
   int port = 2389;
   std::string port_file;
+  std::string secret_file;
 };
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int RunMeta(const MetaFlags& f) {
   // Signals are taken by sigwait on this thread; the server's threads
@@ -41,26 +40,21 @@ int RunMeta(const MetaFlags& f) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  transfer::MetaStore store;
-  server::HttpServerOptions o;
-  o.host = f.host;
-  o.port = f.port;
-  o.max_body_bytes = 1 << 20;
-  auto http = server::HttpServer::Create(o, [&store](server::HttpRequest&& req,
-                                                     std::shared_ptr<server::ResponseWriter> w) {
-    if (req.path == "/health") return w->Send(200, "application/json", R"({"status":"ok"})");
-    if (req.method != "POST") {
-      return w->Send(405, "application/json", R"({"error":"POST only","message":"POST only","code":12})");
+  std::string bearer;
+  if (!f.secret_file.empty()) {
+    auto secret = ReadClusterSecret(f.secret_file);
+    if (!secret) {
+      std::fprintf(stderr, "strata meta: %s\n", secret.error().message().c_str());
+      return 1;
     }
-    int status = 200;
-    std::string body = store.Handle(req.path, req.body, NowMs(), &status);
-    w->Send(status, "application/json", std::move(body));
-  });
+    bearer = transfer::ClusterBearer(*secret);
+  }
+  transfer::MetaStore store;
+  auto http = StartMetadataServer(f.host, f.port, &store, bearer);
   if (!http) {
     std::fprintf(stderr, "strata meta: %s\n", http.error().message().c_str());
     return 1;
   }
-  (*http)->Start();
   STRATA_LOG_INFO("metadata store listening on {}:{} (strata://{}:{})", f.host, (*http)->port(), f.host,
                   (*http)->port());
   if (!f.port_file.empty()) {
@@ -82,6 +76,9 @@ void RegisterMeta(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("meta", "the embedded cluster metadata store (etcd's v3 JSON API subset)");
   cmd->add_option("--host", f->host, "listen address")->capture_default_str();
   cmd->add_option("--port", f->port, "listen port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--cluster-secret-file", f->secret_file,
+                  "the cluster secret (first line): every call but /health needs its bearer token, as every "
+                  "cluster process sends it");
   cmd->add_option("--port-file", f->port_file, "write {\"http\": P, \"pid\": N} here once listening");
   cmd->callback([f, exit_code] { *exit_code = RunMeta(*f); });
 }

@@ -42,6 +42,7 @@
 #include "tools/commands.h"
 #include "tools/kv_stack.h"
 #include "tools/serve_cluster.h"
+#include "tools/serve_process.h"
 #include "kvcache/block_hash.h"
 #include "tools/transfer_flags.h"
 #include "kvcache/block_hash.h"
@@ -63,6 +64,7 @@ struct ServeFlags {
   std::string port_file;
   std::string api_key;
   std::string admin_token;
+  double debug_step_time_factor = 1;
   int max_num_seqs = 64;
   int max_waiting = 1024;
   int max_batch_tokens = 512;
@@ -175,56 +177,6 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
   return Status::Ok();
 }
 
-// SIGINT/SIGTERM go through a pipe: the handler may run on any thread
-// (libraries start threads of their own before main, with the signals
-// unblocked), so it only writes the signal number; the main thread reads it.
-// Later signals during shutdown are absorbed by the same handler.
-int g_signal_pipe[2] = {-1, -1};
-
-extern "C" void OnShutdownSignal(int sig) {
-  const unsigned char b = static_cast<unsigned char>(sig);
-  const int saved = errno;
-  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &b, 1);
-  errno = saved;
-}
-
-Status InstallShutdownSignals() {
-  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return Status::Internal("pipe2 failed");
-  struct sigaction sa {};
-  sa.sa_handler = OnShutdownSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  if (sigaction(SIGTERM, &sa, nullptr) != 0 || sigaction(SIGINT, &sa, nullptr) != 0)
-    return Status::Internal("sigaction failed");
-  return Status::Ok();
-}
-
-// Blocks until SIGTERM or SIGINT arrives; returns it.
-int WaitForShutdownSignal() {
-  while (true) {
-    pollfd p{g_signal_pipe[0], POLLIN, 0};
-    if (poll(&p, 1, -1) < 0 && errno != EINTR) return SIGTERM;
-    unsigned char b = 0;
-    if (read(g_signal_pipe[0], &b, 1) == 1) return b;
-  }
-}
-
-Status WritePortFile(const std::string& path, int http_port, int grpc_port, int transfer_port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return Status::InvalidArgument("--port-file " + path + ": cannot write");
-    out << nlohmann::json{{"http", http_port},
-                          {"grpc", grpc_port},
-                          {"transfer", transfer_port},
-                          {"pid", static_cast<int>(getpid())}}
-               .dump()
-        << "\n";
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return Status::InvalidArgument("--port-file " + path + ": cannot rename into place");
-  return Status::Ok();
-}
 
 int Run(CLI::App* cmd, ServeFlags& f) {
   if (Status s = InstallShutdownSignals(); !s.ok()) return Fail(s);
@@ -247,10 +199,21 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     return Fail(Status::InvalidArgument("--small-body-bytes (server.small_body_bytes): '" + f.small_body_bytes +
                                         "' is not a size"));
 
+  // The calls between cluster processes carry the cluster secret's bearer
+  // token when there is a secret, else the admin token.
+  std::string cluster_bearer;
+  if (!f.transfer.secret_file.empty()) {
+    auto secret = ReadClusterSecret(f.transfer.secret_file);
+    if (!secret) return Fail(secret.error());
+    cluster_bearer = transfer::ClusterBearer(*secret);
+  }
+  const std::string internal_token = cluster_bearer.empty() ? f.admin_token : cluster_bearer;
+
   // 1. HTTP first: /health says 503 while the model loads.
   server::ServiceOptions so;
   so.api_key = f.api_key;
   so.admin_token = f.admin_token;
+  so.internal_token = internal_token;
   so.lanes.small_body_bytes = *small_body;
   so.lanes.small = {f.parse_threads, f.small_lane_queue};
   so.lanes.large = {f.parse_threads, f.large_lane_queue};
@@ -299,7 +262,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   CpuModel& model = **cpu;
   cluster::RemoteStore* remote = nullptr;  // the remote tier's store, when configured (owned by the stack)
   auto stack = OpenKvStack(f.engine.kv, m, *model.backend, model.pool, *model.forward, kvcache::RealClock(),
-                           ServeStoreMaker(!f.metadata.empty(), f.admin_token, &remote));
+                           ServeStoreMaker(!f.metadata.empty(), internal_token, &remote));
   if (!stack) return Fail(stack.error());
   scheduler::ForwardEngineRunner runner(model.forward.get());
   scheduler::EngineOptions eo;
@@ -308,6 +271,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   eo.max_batch_tokens = f.max_batch_tokens;
   eo.prefetch_max_requests = f.engine.kv.prefetch_max_requests;
   eo.lookup_timeout_seconds = f.engine.kv.lookup_timeout_ms / 1000.0;
+  eo.step_time_factor = f.debug_step_time_factor;
   auto engine = scheduler::Engine::Create(eo, &runner, (*stack)->manager.get(), m.tokenizer.get(), kvcache::RealClock());
   if (!engine) return Fail(engine.error());
   (*engine)->Start();
@@ -373,7 +337,8 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     }
     self.model_namespace =
         ToHex(kvcache::NamespaceDigest(m.weights.digest, c.arch, f.engine.kv.dtype, f.engine.kv.block_size));
-    auto joined = JoinCluster(f.metadata, self, f.metadata_lease_seconds);
+    self.model = name;
+    auto joined = JoinCluster(f.metadata, self, f.metadata_lease_seconds, cluster_bearer);
     if (!joined) {
       xfer.reset();
       return stop_early(joined.error());
@@ -402,7 +367,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     self.incarnation = meta_incarnation;
     self.model_namespace = ToHex(kvcache::NamespaceDigest(m.weights.digest, c.arch, f.engine.kv.dtype,
                                                           f.engine.kv.block_size));
-    auto started_pool = StartServePool(self, **engine, xfer.get(), meta.get(), remote, f.admin_token);
+    auto started_pool = StartServePool(self, **engine, xfer.get(), meta.get(), remote, internal_token);
     if (!started_pool) {
       meta.reset();
       xfer.reset();
@@ -425,6 +390,10 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       if (f.role != "decode")
         pd_prefill = std::make_unique<cluster::PdPrefill>(post, engine->get(), (*stack)->manager.get(), xfer.get(), seg,
                                                           bb, f.engine.kv_block_size);
+      // The handoffs' requests count in the request metrics like the API's.
+      auto observe = [&metrics](const scheduler::RequestOutput& ev) { metrics.OnEvent(ev); };
+      if (pd_decode) pd_decode->SetObserver(observe);
+      if (pd_prefill) pd_prefill->SetObserver(observe);
     }
     service.SetInternalRoutes([p = kv_pool.get(), d = pd_decode.get(), pf = pd_prefill.get()](
                                   const server::HttpRequest& r, const std::shared_ptr<server::ResponseWriter>& w) {
@@ -570,6 +539,10 @@ void RegisterServe(CLI::App& app, int* exit_code) {
                   "without --kv-device-bytes: the device KV pool is max-num-seqs full contexts, at most this size")
       ->capture_default_str();
   AddEngineFlags(cmd, &f->engine);
+  cmd->add_option("--debug-step-time-factor", f->debug_step_time_factor,
+                  "test-only: each forward pass takes this many times its time (a sleep after it)")
+      ->check(CLI::Range(1.0, 10000.0))
+      ->group("Testing");
   cmd->callback([cmd, f, exit_code] { *exit_code = Run(cmd, *f); });
 }
 

@@ -49,10 +49,11 @@ Result<std::unique_ptr<transfer::TransferEngine>> StartServeTransfer(const Trans
 }
 
 Result<std::unique_ptr<transfer::MetadataClient>> JoinCluster(const std::string& url,
-                                                              const transfer::InstanceInfo& self, int lease_seconds) {
+                                                              const transfer::InstanceInfo& self, int lease_seconds,
+                                                              const std::string& bearer) {
   auto parsed = transfer::ParseMetadataUrl(url);
   if (!parsed) return parsed.error().WithContext("--metadata");
-  STRATA_ASSIGN_OR_RETURN(auto client, transfer::MetadataClient::Create(*parsed));
+  STRATA_ASSIGN_OR_RETURN(auto client, transfer::MetadataClient::Create(*parsed, 2.0, bearer));
   if (Status s = client->Register(self, lease_seconds); !s.ok()) return s.WithContext("--metadata");
   STRATA_LOG_INFO("cluster: instance '{}' (incarnation {}) registers at {} with a {} s lease", self.name,
                   self.incarnation, url, lease_seconds);

@@ -37,8 +37,9 @@ Result<std::unique_ptr<transfer::TransferEngine>> StartServeTransfer(const Trans
                                                                       SegmentTable* segments);
 
 // Registers `self` at `url` (--metadata) with a lease; the client keeps it.
+// `bearer`: ClusterBearer of the cluster secret, or empty.
 Result<std::unique_ptr<transfer::MetadataClient>> JoinCluster(const std::string& url, const transfer::InstanceInfo& self,
-                                                              int lease_seconds);
+                                                              int lease_seconds, const std::string& bearer = "");
 
 // The cluster KV pool inside `strata serve` (issue 18; docs/cluster.md):
 // this instance publishes its blocks (event log, served with the holder's

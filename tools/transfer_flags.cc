@@ -73,6 +73,20 @@ Result<std::vector<transfer::FaultRule>> ParseFaultRules(const std::string& spec
   return rules;
 }
 
+Result<std::string> ReadClusterSecret(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::InvalidArgument("--cluster-secret-file " + path + ": cannot read");
+  std::string secret;
+  std::getline(in, secret);
+  while (!secret.empty() && (secret.back() == ' ' || secret.back() == '\r' || secret.back() == '\t')) secret.pop_back();
+  if (secret.empty()) return Status::InvalidArgument("--cluster-secret-file " + path + ": empty first line");
+  struct stat st{};
+  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    STRATA_LOG_WARN("--cluster-secret-file {} is readable by group or others (mode {:o})", path, st.st_mode & 0777);
+  }
+  return secret;
+}
+
 Result<transfer::TransferOptions> ToOptions(const TransferFlags& f, const std::string& instance_name) {
   transfer::TransferOptions o;
   o.instance_name = instance_name;
@@ -85,20 +99,7 @@ Result<transfer::TransferOptions> ToOptions(const TransferFlags& f, const std::s
   o.advertise_address = f.advertise_address;
   o.connections_per_peer = f.connections;
   if (!f.secret_file.empty()) {
-    std::ifstream in(f.secret_file);
-    if (!in) return Status::InvalidArgument("--cluster-secret-file " + f.secret_file + ": cannot read");
-    std::string secret;
-    std::getline(in, secret);
-    while (!secret.empty() && (secret.back() == ' ' || secret.back() == '\r' || secret.back() == '\t')) {
-      secret.pop_back();
-    }
-    if (secret.empty()) return Status::InvalidArgument("--cluster-secret-file " + f.secret_file + ": empty first line");
-    struct stat st{};
-    if (stat(f.secret_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-      STRATA_LOG_WARN("--cluster-secret-file {} is readable by group or others (mode {:o})", f.secret_file,
-                      st.st_mode & 0777);
-    }
-    o.cluster_secret = secret;
+    STRATA_ASSIGN_OR_RETURN(o.cluster_secret, ReadClusterSecret(f.secret_file));
   }
   return o;
 }

@@ -29,6 +29,9 @@ Result<std::vector<transfer::FaultRule>> ParseFaultRules(const std::string& spec
 void AddTransferFlags(CLI::App* cmd, TransferFlags* f);
 // Options for an engine named `instance_name`: parses the transport list,
 // reads the secret file (its first line, trimmed; refused when empty).
+// The cluster secret in `path` (--cluster-secret-file): its first line,
+// trimmed; refused when empty or unreadable; a warning when others can read it.
+Result<std::string> ReadClusterSecret(const std::string& path);
 Result<transfer::TransferOptions> ToOptions(const TransferFlags& f, const std::string& instance_name);
 
 }  // namespace strata::cli

@@ -4,6 +4,7 @@
 
 #include "common/http_client.h"
 #include "common/logging.h"
+#include "common/sha256.h"
 #include "transfer/wire.h"
 
 namespace strata::transfer {
@@ -92,6 +93,7 @@ std::string InstanceToJson(const InstanceInfo& i) {
               {"transfer_address", i.transfer_address},
               {"transports", i.transports},
               {"model_namespace", i.model_namespace},
+              {"model", i.model},
               {"registered_unix_ms", i.registered_unix_ms}}
       .dump();
 }
@@ -108,6 +110,7 @@ Result<InstanceInfo> InstanceFromJson(const std::string& text) {
     i.transfer_address = j.value("transfer_address", "");
     i.transports = j.value("transports", std::vector<std::string>{});
     i.model_namespace = j.value("model_namespace", "");
+    i.model = j.value("model", "");
     i.registered_unix_ms = j.value("registered_unix_ms", int64_t{0});
   } catch (const std::exception& e) {
     return Status::Corrupt(std::string("instance entry: ") + e.what());
@@ -135,8 +138,15 @@ Result<MetadataUrl> ParseMetadataUrl(std::string_view url) {
   return u;
 }
 
-Result<std::unique_ptr<MetadataClient>> MetadataClient::Create(const MetadataUrl& url, double timeout) {
-  return std::unique_ptr<MetadataClient>(new MetadataClient(url, timeout));
+Result<std::unique_ptr<MetadataClient>> MetadataClient::Create(const MetadataUrl& url, double timeout,
+                                                              std::string bearer) {
+  return std::unique_ptr<MetadataClient>(new MetadataClient(url, timeout, std::move(bearer)));
+}
+
+std::string ClusterBearer(std::string_view secret) {
+  std::string text = "strata cluster bearer v1\n";
+  text.append(secret);
+  return ToHex(Sha256Of(text.data(), text.size()));
 }
 
 MetadataClient::~MetadataClient() {
@@ -150,7 +160,9 @@ MetadataClient::~MetadataClient() {
 }
 
 Result<std::string> MetadataClient::Call(const std::string& path, const std::string& body) {
-  auto r = HttpCall(url_.host, url_.port, "POST", path, body, {{"Content-Type", "application/json"}}, timeout_);
+  HeaderList headers{{"Content-Type", "application/json"}};
+  if (!bearer_.empty() && url_.kind == MetadataUrl::Kind::kStrata) headers.emplace_back("Authorization", "Bearer " + bearer_);
+  auto r = HttpCall(url_.host, url_.port, "POST", path, body, headers, timeout_);
   std::string where = "metadata store " + url_.host + ":" + std::to_string(url_.port) + path;
   if (!r) return Status::Unavailable(where + ": " + r.error().message());
   json j = json::parse(r->body, nullptr, false);

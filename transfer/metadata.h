@@ -39,6 +39,7 @@ struct InstanceInfo {
   std::string transfer_address;   // host:port of its transfer listener ("" when none)
   std::vector<std::string> transports;
   std::string model_namespace;    // hex digest: instances of one model share blocks
+  std::string model;              // the served model name (the API's `model`); a router routes by it
   int64_t registered_unix_ms = 0;
 };
 std::string InstanceToJson(const InstanceInfo& i);
@@ -60,6 +61,12 @@ int64_t GatewayInt64(const Json& object, const char* name) {
   return 0;
 }
 
+// The bearer token every cluster process derives from the cluster secret
+// (--cluster-secret-file) for the calls between them over HTTP (the
+// metadata store, the /internal/ routes): hex SHA-256 of a fixed label and
+// the secret, so the secret itself never crosses the wire.
+std::string ClusterBearer(std::string_view secret);
+
 std::string Base64Encode(std::string_view bytes);
 Result<std::string> Base64Decode(std::string_view text);
 
@@ -80,7 +87,11 @@ struct MetadataStatus {
 
 class MetadataClient {
  public:
-  static Result<std::unique_ptr<MetadataClient>> Create(const MetadataUrl& url, double call_timeout_s = 2.0);
+  // `bearer` (ClusterBearer of the cluster secret; empty = none) is sent
+  // as "Authorization: Bearer ..." to a strata:// store (an etcd store has
+  // its own authentication).
+  static Result<std::unique_ptr<MetadataClient>> Create(const MetadataUrl& url, double call_timeout_s = 2.0,
+                                                        std::string bearer = "");
   ~MetadataClient();
   MetadataClient(const MetadataClient&) = delete;
   MetadataClient& operator=(const MetadataClient&) = delete;
@@ -105,13 +116,15 @@ class MetadataClient {
   Status RevokeLease(int64_t lease);
 
  private:
-  explicit MetadataClient(MetadataUrl url, double timeout) : url_(std::move(url)), timeout_(timeout) {}
+  MetadataClient(MetadataUrl url, double timeout, std::string bearer)
+      : url_(std::move(url)), timeout_(timeout), bearer_(std::move(bearer)) {}
   Result<std::string> Call(const std::string& path, const std::string& body);
   void KeeperLoop();
   bool RegisterOnce();
 
   MetadataUrl url_;
   double timeout_;
+  std::string bearer_;
   std::mutex lifecycle_mu_;  // Register / Deregister / destruction (the keeper thread's start and join)
   mutable std::mutex mu_;
   std::condition_variable cv_;
