@@ -30,6 +30,8 @@ void RegisterTransfer(CLI::App& app, int* exit_code);
 void RegisterBenchTransfer(CLI::App* bench, int* exit_code);
 // `strata meta` (tools/cmd_meta.cc).
 void RegisterMeta(CLI::App& app, int* exit_code);
+// `strata router` (tools/cmd_router.cc).
+void RegisterRouter(CLI::App& app, int* exit_code);
 
 // Options shared by every command that runs the model.
 struct EngineFlags {

@@ -1,0 +1,607 @@
+#include "cluster/pd_router.h"
+
+#include <algorithm>
+#include <charconv>
+#include <random>
+#include <tuple>
+
+#include "cluster/pd_wire.h"
+#include "common/logging.h"
+#include "kvcache/clock.h"
+
+namespace strata::cluster {
+
+using scheduler::RequestOutput;
+
+bool StreamSplicer::Take(RequestOutput* ev) {
+  // Tokens: those of this attempt at positions already delivered must match.
+  const size_t first = attempt_tokens_;
+  const size_t n = ev->token_ids.size();
+  size_t skip = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t pos = first + i;
+    if (pos >= delivered_ids_.size()) break;
+    if (delivered_ids_[pos] != ev->token_ids[i]) return false;
+    ++skip;
+  }
+  attempt_tokens_ += n;
+  // Text: the attempt's text so far must agree with what was delivered.
+  attempt_text_ += ev->text;
+  const size_t common = std::min(attempt_text_.size(), delivered_text_.size());
+  if (attempt_text_.compare(0, common, delivered_text_, 0, common) != 0) return false;
+  std::string fresh = attempt_text_.size() > delivered_text_.size() ? attempt_text_.substr(delivered_text_.size())
+                                                                      : std::string();
+  if (skip > 0) {
+    ev->token_ids.erase(ev->token_ids.begin(), ev->token_ids.begin() + static_cast<std::ptrdiff_t>(skip));
+    if (ev->logprobs.size() >= skip)
+      ev->logprobs.erase(ev->logprobs.begin(), ev->logprobs.begin() + static_cast<std::ptrdiff_t>(skip));
+  }
+  delivered_ids_.insert(delivered_ids_.end(), ev->token_ids.begin(), ev->token_ids.end());
+  delivered_text_ += fresh;
+  ev->text = std::move(fresh);
+  ev->completion_tokens = static_cast<int32_t>(delivered_ids_.size());
+  return true;
+}
+
+struct PdRouter::Flight {
+  RequestId id{0};
+  scheduler::EngineRequest request;
+  scheduler::OutputSink sink;
+  int64_t arrival = 0;
+  int64_t first_token = 0;
+  StreamSplicer splicer;
+  std::string prefill_instance;
+  std::vector<std::string> decode_instances;
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;
+  std::vector<int32_t> cached_by_kind;  // indexed like tier_kinds_
+  bool finished = false;                // the final event was delivered
+  bool cancel_sent = false;             // Cancel was asked for (its final event is "abort")
+
+  std::mutex mu;  // the fields below
+  std::condition_variable cv;
+  bool cancelled = false;
+  bool held = false;
+  std::shared_ptr<HttpConnection> conn;  // the call in progress
+};
+
+namespace {
+
+int64_t Now() { return kvcache::RealClock()->NowNanos(); }
+
+bool ParseHostPort(const std::string& address, std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = address.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  const char* b = address.data() + colon + 1;
+  const char* e = address.data() + address.size();
+  auto r = std::from_chars(b, e, *port);
+  return r.ec == std::errc() && r.ptr == e && *port > 0 && *port < 65536;
+}
+
+std::string Describe(const Result<HttpResponse>& r) {
+  if (!r.ok()) return r.error().message();
+  std::string body = r->body.size() > 300 ? r->body.substr(0, 300) + "..." : r->body;
+  return "HTTP " + std::to_string(r->status) + ": " + body;
+}
+
+}  // namespace
+
+PdRouter::PdRouter(ListInstancesFn list, PdRouterOptions options)
+    : list_(std::move(list)),
+      options_(std::move(options)),
+      tier_names_([] {
+        std::vector<std::string> n;
+        for (kvcache::TierKind k : kvcache::kAllTierKinds) n.emplace_back(kvcache::TierKindName(k));
+        return n;
+      }()),
+      tier_kinds_(kvcache::kAllTierKinds.begin(), kvcache::kAllTierKinds.end()) {
+  // Reservation ids: random high bits, so that a new router (after one
+  // died) does not reuse the ids of reservations its predecessor left.
+  std::random_device rd;
+  next_reservation_.store((static_cast<uint64_t>(rd() & 0x7fffffffu) << 32) | 1);
+  Refresh();
+  membership_ = std::thread([this] { MembershipLoop(); });
+}
+
+PdRouter::~PdRouter() { Stop(0); }
+
+void PdRouter::Refresh() {
+  auto listed = list_();
+  if (!listed) {
+    STRATA_LOG_WARN("router: reading the instance list: {}", listed.error().message());
+    return;
+  }
+  std::vector<PdInstance> fresh;
+  for (const transfer::InstanceInfo& i : *listed) {
+    if (i.model != options_.model) continue;
+    PdInstance p;
+    p.name = i.name;
+    p.role = i.role;
+    if (!ParseHostPort(i.http_address, &p.host, &p.port)) continue;
+    fresh.push_back(std::move(p));
+  }
+  std::lock_guard lock(mu_);
+  // Keep each known instance's load and avoidance.
+  for (PdInstance& p : fresh) {
+    for (const PdInstance& old : instances_) {
+      if (old.name != p.name) continue;
+      p.prefilling = old.prefilling;
+      p.decoding = old.decoding;
+      p.avoid_until = old.avoid_until;
+    }
+  }
+  // Instances that left but still carry this router's requests keep their
+  // counts until those end (Unload finds them).
+  for (const PdInstance& old : instances_) {
+    bool present = std::any_of(fresh.begin(), fresh.end(), [&](const PdInstance& p) { return p.name == old.name; });
+    if (!present && (old.prefilling > 0 || old.decoding > 0)) {
+      PdInstance gone = old;
+      gone.role = "gone";
+      fresh.push_back(std::move(gone));
+    }
+  }
+  instances_ = std::move(fresh);
+}
+
+void PdRouter::MembershipLoop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, options_.refresh, [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    Refresh();
+    lock.lock();
+  }
+}
+
+std::vector<PdInstance> PdRouter::instances() const {
+  std::lock_guard lock(mu_);
+  return instances_;
+}
+
+bool PdRouter::Pick(Phase phase, const std::set<std::string>& exclude, const std::string& other, PdInstance* out) {
+  std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  const size_t n = instances_.size();
+  PdInstance* best = nullptr;
+  int best_load = 0;
+  bool best_is_other = false, best_avoided = false;
+  for (size_t k = 0; k < n; ++k) {
+    PdInstance& p = instances_[(turn_ + k) % n];
+    const bool role_ok = phase == Phase::kPrefill ? (p.role == "prefill" || p.role == "both")
+                                                  : (p.role == "decode" || p.role == "both");
+    if (!role_ok || exclude.count(p.name) > 0) continue;
+    const int load = phase == Phase::kPrefill ? p.prefilling : p.decoding;
+    const bool is_other = p.name == other;
+    const bool avoided = p.avoid_until > now;
+    // Order: not avoided, not the other phase's instance, least loaded, in turn.
+    auto key = [](bool av, bool ot, int l) { return std::tuple(av, ot, l); };
+    if (best == nullptr || key(avoided, is_other, load) < key(best_avoided, best_is_other, best_load)) {
+      best = &p;
+      best_load = load;
+      best_is_other = is_other;
+      best_avoided = avoided;
+    }
+  }
+  if (best == nullptr) return false;
+  ++turn_;
+  (phase == Phase::kPrefill ? best->prefilling : best->decoding) += 1;
+  *out = *best;
+  return true;
+}
+
+void PdRouter::Unload(Phase phase, const std::string& name) {
+  std::lock_guard lock(mu_);
+  for (auto it = instances_.begin(); it != instances_.end(); ++it) {
+    if (it->name != name) continue;
+    int& load = phase == Phase::kPrefill ? it->prefilling : it->decoding;
+    if (load > 0) --load;
+    if (it->role == "gone" && it->prefilling == 0 && it->decoding == 0) instances_.erase(it);
+    return;
+  }
+}
+
+void PdRouter::Avoid(const std::string& name) {
+  std::lock_guard lock(mu_);
+  for (PdInstance& p : instances_) {
+    if (p.name == name) p.avoid_until = std::chrono::steady_clock::now() + options_.avoid;
+  }
+}
+
+Result<RequestId> PdRouter::Submit(scheduler::EngineRequest request, scheduler::OutputSink sink) {
+  if (request.prompt.empty()) return Status::InvalidArgument("the prompt has no tokens");
+  if (draining_.load()) return Status::Unavailable("the router is draining");
+  Reap();
+  auto f = std::make_shared<Flight>();
+  f->request = std::move(request);
+  f->request.on_computed = nullptr;
+  f->sink = std::move(sink);
+  f->arrival = Now();
+  std::lock_guard lock(mu_);
+  if (stopping_) return Status::Unavailable("the router is stopping");
+  if (static_cast<int>(flights_.size()) >= options_.max_in_flight)
+    return Status::ResourceExhausted("the router has " + std::to_string(flights_.size()) + " requests in flight");
+  f->id = RequestId(next_id_++);
+  flights_[f->id.value()] = f;
+  ++stats_.requests;
+  threads_[f->id.value()] = std::thread([this, f] { Run(f); });
+  return f->id;
+}
+
+void PdRouter::Reap() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard lock(mu_);
+    for (uint64_t id : exited_) {
+      auto it = threads_.find(id);
+      if (it == threads_.end()) continue;
+      done.push_back(std::move(it->second));
+      threads_.erase(it);
+    }
+    exited_.clear();
+  }
+  for (std::thread& t : done) t.join();
+}
+
+void PdRouter::Cancel(RequestId id) {
+  std::shared_ptr<Flight> f;
+  {
+    std::lock_guard lock(mu_);
+    auto it = flights_.find(id.value());
+    if (it == flights_.end()) return;
+    f = it->second;
+  }
+  std::shared_ptr<HttpConnection> conn;
+  {
+    std::lock_guard lock(f->mu);
+    f->cancelled = true;
+    conn = f->conn;
+  }
+  f->cv.notify_all();
+  if (conn) conn->Abort();
+}
+
+void PdRouter::SetHeld(RequestId id, bool held) {
+  std::shared_ptr<Flight> f;
+  {
+    std::lock_guard lock(mu_);
+    auto it = flights_.find(id.value());
+    if (it == flights_.end()) return;
+    f = it->second;
+  }
+  {
+    std::lock_guard lock(f->mu);
+    f->held = held;
+  }
+  f->cv.notify_all();
+}
+
+scheduler::EngineStats PdRouter::Stats() const {
+  scheduler::EngineStats s;
+  std::lock_guard lock(mu_);
+  s.num_running = static_cast<int>(flights_.size());
+  s.draining = draining_.load();
+  s.finished_by_reason = stats_.finished_by_reason;
+  return s;
+}
+
+PdRouterStats PdRouter::stats() const {
+  std::lock_guard lock(mu_);
+  PdRouterStats s = stats_;
+  s.in_flight = static_cast<int>(flights_.size());
+  return s;
+}
+
+void PdRouter::Stop(double grace_seconds) {
+  draining_.store(true);
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::duration<double>(grace_seconds), [this] { return flights_.empty(); });
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  std::vector<RequestId> left;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, f] : flights_) left.push_back(RequestId(id));
+  }
+  for (RequestId id : left) Cancel(id);
+  std::map<uint64_t, std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    threads.swap(threads_);
+    exited_.clear();
+  }
+  for (auto& [id, t] : threads) t.join();
+  if (membership_.joinable()) membership_.join();
+}
+
+Result<HttpResponse> PdRouter::Call(Flight& f, const PdInstance& to, const std::string& path, const std::string& body,
+                                    HttpDataFn on_data) {
+  auto conn = std::make_shared<HttpConnection>(to.host, to.port);
+  {
+    std::lock_guard lock(f.mu);
+    if (f.cancelled) return Status::Cancelled("the request was cancelled");
+    f.conn = conn;
+  }
+  Result<HttpResponse> r = on_data ? conn->Stream("POST", path, body, options_.auth, std::move(on_data),
+                                                  options_.call_timeout_s)
+                                   : conn->Call("POST", path, body, options_.auth, options_.call_timeout_s);
+  std::lock_guard lock(f.mu);
+  f.conn.reset();
+  if (f.cancelled) return Status::Cancelled("the request was cancelled");
+  return r;
+}
+
+void PdRouter::CancelReservation(const PdInstance& d, uint64_t id) {
+  // Best effort: a reservation nobody decodes is freed at its lease anyway.
+  auto r = HttpCall(d.host, d.port, "POST", "/internal/pd/cancel", "{\"id\":" + std::to_string(id) + "}",
+                    options_.auth, 5);
+  if (!r || (r->status != 200 && r->status != 404))
+    STRATA_LOG_DEBUG("router: cancelling reservation {} at {}: {}", id, d.name, Describe(r));
+}
+
+bool PdRouter::Deliver(Flight& f, RequestOutput ev) {
+  const bool had_tokens = !ev.token_ids.empty();
+  if (!f.splicer.Take(&ev)) {
+    std::lock_guard lock(mu_);
+    ++stats_.replay_mismatches;
+    return false;
+  }
+  const int64_t now = Now();
+  if (had_tokens && f.splicer.delivered_tokens() > 0 && f.first_token == 0) f.first_token = now;
+  ev.id = f.id;
+  ev.continuation.reset();
+  ev.prompt_tokens = f.prompt_tokens;
+  ev.cached_tokens = f.cached_tokens;
+  ev.cached_tokens_by_tier = f.cached_by_kind;
+  ev.prefill_instance = f.prefill_instance;
+  ev.decode_instances = f.decode_instances;
+  ev.timings = {};
+  ev.timings.arrival = f.arrival;
+  ev.timings.first_token = f.first_token;
+  ev.timings.last_token = f.first_token != 0 ? now : 0;
+  if (ev.finished) {
+    ev.timings.finished = now;
+    f.finished = true;
+    std::lock_guard lock(mu_);
+    ++stats_.finished_by_reason[std::string(FinishReasonName(ev.finish_reason))];
+  }
+  f.sink(std::move(ev));
+  return true;
+}
+
+void PdRouter::Final(Flight& f, FinishReason reason, const Status& status) {
+  RequestOutput ev;
+  ev.finished = true;
+  ev.finish_reason = reason;
+  ev.status = status;
+  // Nothing new to cut: a final event without tokens always passes.
+  Deliver(f, std::move(ev));
+}
+
+void PdRouter::Run(const std::shared_ptr<Flight>& fp) {
+  Flight& f = *fp;
+  Tried tried;
+  Status why = Status::Unavailable("no prefill/decode instance serves model '" + options_.model + "'");
+  for (int attempt = 0; attempt < options_.max_attempts && !f.finished;) {
+    {
+      std::lock_guard lock(f.mu);
+      if (f.cancelled) break;
+    }
+    bool free_retry = false;
+    if (Attempt(f, &tried, &free_retry, &why)) break;
+    if (!free_retry) ++attempt;
+  }
+  if (!f.finished) {
+    bool cancelled;
+    {
+      std::lock_guard lock(f.mu);
+      cancelled = f.cancelled;
+    }
+    if (cancelled) {
+      Final(f, FinishReason::kAbort, Status::Cancelled("cancelled"));
+    } else {
+      if (why.code() == StatusCode::kUnavailable) {
+        std::lock_guard lock(mu_);
+        ++stats_.no_instance;
+      }
+      Final(f, FinishReason::kError, why);
+    }
+  }
+  std::lock_guard lock(mu_);
+  flights_.erase(f.id.value());
+  exited_.push_back(f.id.value());
+  cv_.notify_all();
+}
+
+bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
+  std::set<std::string>* bad_prefill = &tried->prefill;
+  std::set<std::string>* bad_decode = &tried->decode;
+  PdInstance p, d;
+  if (!Pick(Phase::kPrefill, *bad_prefill, "", &p)) {
+    *why = Status::Unavailable("no prefill instance of model '" + options_.model + "' is available" +
+                               (bad_prefill->empty() ? "" : " (every one failed or refused)"));
+    return true;
+  }
+  std::set<std::string> excluded = *bad_decode;
+  excluded.insert(tried->not_now.begin(), tried->not_now.end());
+  if (!Pick(Phase::kDecode, excluded, p.name, &d)) {
+    Unload(Phase::kPrefill, p.name);
+    const int64_t waited_ms = (Now() - f.arrival) / 1000000;
+    if (!tried->not_now.empty() && waited_ms < options_.queue_timeout.count()) {
+      // Every decode instance left is full for now: wait, then ask again.
+      std::unique_lock lock(f.mu);
+      f.cv.wait_for(lock, std::chrono::milliseconds(tried->backoff_ms), [&] { return f.cancelled; });
+      tried->backoff_ms = std::min(tried->backoff_ms * 2, 500);
+      tried->not_now.clear();
+      *free_retry = true;
+      return false;
+    }
+    *why = Status::Unavailable("no decode instance of model '" + options_.model + "' is available" +
+                               (tried->not_now.empty() ? (bad_decode->empty() ? "" : " (every one failed)")
+                                                       : " (their KV pools stayed full for the queue timeout)"));
+    return true;
+  }
+  const uint64_t rid = next_reservation_.fetch_add(1);
+  ReserveRequest q{rid, f.request.prompt, f.request.cache_salt, options_.lease_ms, p.name};
+  auto r = Call(f, d, "/internal/pd/reserve", ReserveRequestToJson(q));
+  auto reserve = r && r->status == 200 ? ReserveReplyFromJson(r->body) : Result<ReserveReply>(Status::Ok());
+  if (!r || r->status != 200 || !reserve.ok()) {
+    Unload(Phase::kPrefill, p.name);
+    Unload(Phase::kDecode, d.name);
+    if (!r.ok() && r.error().code() == StatusCode::kCancelled) {
+      CancelReservation(d, rid);  // it may have been made before the call was aborted
+      return true;
+    }
+    if (r && r->status == 503) {
+      tried->not_now.insert(d.name);
+      *free_retry = true;
+      std::lock_guard lock(mu_);
+      ++stats_.not_now;
+      return false;
+    }
+    bad_decode->insert(d.name);
+    if (r && r->status >= 400 && r->status < 500) {
+      *why = Status::InvalidArgument("decode instance " + d.name + " refused the request: " + Describe(r));
+      return true;  // the same request would be refused anywhere
+    } else if (r.ok() || r.error().code() != StatusCode::kCancelled) {
+      Avoid(d.name);
+    }
+    *why = Status::Unavailable("decode instance " + d.name + ": " + (reserve.ok() ? Describe(r) : reserve.error().message()));
+    return false;
+  }
+  // Prefill: the first token, the blocks written.
+  auto pr = Call(f, p, "/internal/pd/prefill", PrefillRequestToJson({f.request, *reserve}));
+  Unload(Phase::kPrefill, p.name);
+  auto prefill = pr && pr->status == 200 ? PrefillReplyFromJson(pr->body) : Result<PrefillReply>(Status::Ok());
+  if (!pr || pr->status != 200 || !prefill.ok()) {
+    Unload(Phase::kDecode, d.name);
+    CancelReservation(d, rid);
+    if (pr && pr->status >= 400 && pr->status < 500) {
+      *why = Status::InvalidArgument("prefill instance " + p.name + " refused the request: " + Describe(pr));
+      return true;
+    }
+    bad_prefill->insert(p.name);
+    if (!pr.ok() && pr.error().code() == StatusCode::kCancelled) return true;
+    if (!(pr && pr->status == 503)) Avoid(p.name);
+    std::lock_guard lock(mu_);
+    ++stats_.prefill_failovers;
+    *why = Status::Unavailable("prefill instance " + p.name + ": " +
+                               (prefill.ok() ? Describe(pr) : prefill.error().message()));
+    STRATA_LOG_WARN("router: request {}: {}; trying another", f.id.value(), why->message());
+    return false;
+  }
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.prefills_by_instance[p.name];
+  }
+  RequestOutput first = std::move(prefill->output);
+  f.prefill_instance = p.name;
+  f.prompt_tokens = first.prompt_tokens;
+  f.cached_tokens = first.cached_tokens;
+  f.cached_by_kind.assign(tier_kinds_.size(), 0);
+  for (size_t i = 0; i < first.cached_tokens_by_tier.size() && i < prefill->tier_kinds.size(); ++i) {
+    if (auto k = kvcache::ParseTierKind(prefill->tier_kinds[i]))
+      f.cached_by_kind[kvcache::TierKindIndex(*k)] += first.cached_tokens_by_tier[i];
+  }
+  f.splicer.BeginAttempt();
+  if (first.finish_reason != FinishReason::kPaused || !first.continuation) {
+    // Ended at its first token (or failed there): nothing to hand over.
+    Unload(Phase::kDecode, d.name);
+    CancelReservation(d, rid);
+    first.finished = true;
+    if (first.finish_reason == FinishReason::kPaused || first.finish_reason == FinishReason::kNone) {
+      first.finish_reason = FinishReason::kError;
+      first.status = Status::Internal("prefill instance " + p.name + " answered without a continuation");
+    }
+    if (!Deliver(f, std::move(first))) *why = Status::Internal("the resumed stream differed from the delivered one");
+    return true;
+  }
+  DecodeRequest dq{rid, prefill->blocks_written, prefill->checksums, f.request};
+  dq.request.continuation = *first.continuation;
+  first.finished = false;
+  first.finish_reason = FinishReason::kNone;
+  if (f.decode_instances.empty() || f.decode_instances.back() != d.name) f.decode_instances.push_back(d.name);
+  if (!Deliver(f, std::move(first))) {
+    Unload(Phase::kDecode, d.name);
+    CancelReservation(d, rid);
+    *why = Status::Internal("the resumed stream differed from the one delivered before the failover");
+    return true;
+  }
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.handoffs;
+  }
+  const bool ended = Decode(f, d, DecodeRequestToJson(dq), why);
+  Unload(Phase::kDecode, d.name);
+  if (!ended) bad_decode->insert(d.name);
+  return ended;
+}
+
+bool PdRouter::Decode(Flight& f, const PdInstance& d, const std::string& body, Status* why) {
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.decodes_by_instance[d.name];
+  }
+  SseParser sse;
+  bool mismatch = false, aborted_by_peer = false, bad_event = false;
+  std::string bad_event_text;
+  auto on_data = [&](std::string_view bytes) {
+    sse.Feed(bytes);
+    std::string data;
+    while (!f.finished && sse.Next(&data)) {
+      auto ev = RequestOutputFromJson(data);
+      if (!ev) {
+        bad_event = true;
+        bad_event_text = ev.error().message();
+        return false;
+      }
+      if (ev->finished && ev->finish_reason == FinishReason::kAbort) {
+        // The instance aborted it (stopping, its grace over), not our
+        // client (a cancel aborts the call first): resume elsewhere.
+        aborted_by_peer = true;
+        return false;
+      }
+      if (!Deliver(f, std::move(*ev))) {
+        mismatch = true;
+        return false;
+      }
+    }
+    if (f.finished) return false;
+    // Backpressure: while the client cannot take more, stop reading.
+    std::unique_lock lock(f.mu);
+    f.cv.wait(lock, [&] { return !f.held || f.cancelled; });
+    return !f.cancelled;
+  };
+  auto r = Call(f, d, "/internal/pd/decode", body, on_data);
+  if (f.finished) return true;
+  if (mismatch) {
+    *why = Status::Internal("the stream resumed after a failover differed from the one delivered");
+    return true;
+  }
+  if (!r.ok() && r.error().code() == StatusCode::kCancelled) return true;  // Run sends the abort
+  {
+    std::lock_guard lock(f.mu);
+    if (f.cancelled) return true;
+  }
+  if (r.ok() && r->status >= 400 && r->status < 500) {
+    *why = Status::InvalidArgument("decode instance " + d.name + " refused the request: " + Describe(r));
+    return true;
+  }
+  const std::string what = bad_event      ? "sent a bad event: " + bad_event_text
+                           : aborted_by_peer ? std::string("aborted the request")
+                           : !r.ok()         ? r.error().message()
+                           : r->status != 200 ? Describe(r)
+                                             : std::string("closed the stream before its last event");
+  *why = Status::Unavailable("decode instance " + d.name + " " + what);
+  Avoid(d.name);
+  std::lock_guard lock(mu_);
+  ++stats_.decode_failovers;
+  STRATA_LOG_WARN("router: request {}: {}; resuming on another decode instance", f.id.value(), why->message());
+  return false;
+}
+
+}  // namespace strata::cluster

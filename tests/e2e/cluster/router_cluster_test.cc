@@ -1,0 +1,508 @@
+// `strata router` in front of real prefill and decode instances (issue 19),
+// all on 127.0.0.1: the router serves the cluster metadata itself
+// (--serve-metadata) or the instances register in a real etcd. Clients see
+// one server: the answers equal a colocated `strata serve`'s on the same
+// prompts (greedy and seeded, n = 2, logprobs, streaming and not, stop
+// strings, chat), through raw HTTP and the official `openai` npm client;
+// each response names its instances (headers and usage.strata.instances).
+// Faults: a decode instance killed mid-stream (the stream completes on the
+// other one, exactly), a prefill instance killed mid-prompt (resumed on the
+// other), a client that hangs up; afterwards every device pool is empty
+// and the events are counted.
+
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/http_client.h"
+#include "proto/strata.grpc.pb.h"
+#include "tests/e2e/server/openai_driver.h"
+#include "tests/e2e/server/serve_test_util.h"
+#include "tests/support/metadata_store.h"
+
+namespace strata::testing {
+namespace {
+
+constexpr int kBlock = 16;
+
+std::vector<int32_t> Prompt(int seed, int n) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(5 + (i * 37 + seed * 101) % 200);
+  return p;
+}
+
+// A prefill or decode instance of the tiny model registered at `url`.
+std::unique_ptr<ServerProcess> StartMember(const std::string& url, const std::string& name, const std::string& role,
+                                           std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--metadata", url,  "--instance-name",          name,
+                                   "--role",     role, "--metadata-lease-seconds", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return StartTinyServer(args);
+}
+
+// `strata router` on the tiny model; with `serve_metadata` it serves the
+// store itself (its port in the port file's "metadata").
+std::unique_ptr<ServerProcess> StartRouter(const std::string& url, bool serve_metadata,
+                                           std::vector<std::string> extra = {}) {
+  auto model = TinyModelPath();
+  if (!model) {
+    ADD_FAILURE() << model.error().ToString();
+    return nullptr;
+  }
+  std::vector<std::string> args = {"--model", *model, "--metadata", url};
+  if (serve_metadata) args.push_back("--serve-metadata");
+  args.insert(args.end(), extra.begin(), extra.end());
+  RoleOptions role;
+  role.zero_port_flags = {"--port", "--grpc-port"};
+  role.port_file_flag = "--port-file";
+  role.host_flag = true;
+  role.ready_path = "/health";
+  auto p = ServerProcess::StartRole("router", args, role);
+  if (!p) {
+    ADD_FAILURE() << p.error().ToString();
+    return nullptr;
+  }
+  return std::move(*p);
+}
+
+// Waits until the router lists `prefill` prefill and `decode` decode instances.
+bool WaitForInstances(int router_port, int prefill, int decode) {
+  auto seen = [&](const std::string& t) {
+    return Gauge(t, "strata_router_instances", R"(role="prefill")") == prefill &&
+           Gauge(t, "strata_router_instances", R"(role="decode")") == decode;
+  };
+  return seen(WaitForMetrics(router_port, seen, 30));
+}
+
+void ExpectPoolEmpty(int port) {
+  const std::string m = WaitForMetrics(
+      port, [](const std::string& t) { return Gauge(t, "strata_kv_device_blocks_in_use") == 0; }, 10);
+  EXPECT_EQ(Gauge(m, "strata_kv_device_blocks_in_use"), 0) << "port " << port;
+}
+
+void ExpectRouterIdle(int port) {
+  const std::string m = WaitForMetrics(
+      port, [](const std::string& t) { return Gauge(t, "strata_router_requests_in_flight") == 0; }, 10);
+  EXPECT_EQ(Gauge(m, "strata_router_requests_in_flight"), 0);
+}
+
+// The texts, finish reasons and logprob tokens of a whole (non-streamed)
+// response, for comparing a routed answer with a colocated one.
+struct Answer {
+  std::vector<std::string> text, finish;
+  std::vector<std::vector<std::string>> tokens;
+  std::vector<std::vector<double>> logprobs;
+  json usage;
+  std::string prefill_header, decode_header;
+};
+
+Answer Whole(const JsonResponse& r) {
+  Answer a;
+  EXPECT_EQ(r.status, 200) << r.raw;
+  if (r.status != 200) return a;
+  for (const json& c : r.body["choices"]) {
+    a.text.push_back(c.contains("message") ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>());
+    a.finish.push_back(c["finish_reason"].get<std::string>());
+    std::vector<std::string> toks;
+    std::vector<double> lps;
+    if (c.contains("logprobs") && c["logprobs"].is_object() && c["logprobs"].contains("tokens")) {
+      for (const json& t : c["logprobs"]["tokens"]) toks.push_back(t.get<std::string>());
+      for (const json& l : c["logprobs"]["token_logprobs"]) lps.push_back(l.get<double>());
+    }
+    a.tokens.push_back(toks);
+    a.logprobs.push_back(lps);
+  }
+  a.usage = r.body["usage"];
+  a.prefill_header = r.http.header("x-strata-prefill-instance");
+  a.decode_header = r.http.header("x-strata-decode-instance");
+  return a;
+}
+
+void ExpectSameAnswer(const Answer& routed, const Answer& colocated) {
+  EXPECT_EQ(routed.text, colocated.text);
+  EXPECT_EQ(routed.finish, colocated.finish);
+  EXPECT_EQ(routed.tokens, colocated.tokens);
+  ASSERT_EQ(routed.logprobs.size(), colocated.logprobs.size());
+  for (size_t c = 0; c < routed.logprobs.size(); ++c) {
+    ASSERT_EQ(routed.logprobs[c].size(), colocated.logprobs[c].size());
+    // A prefix cache hit changes a step's shape, which may move the last bits.
+    for (size_t i = 0; i < routed.logprobs[c].size(); ++i)
+      EXPECT_NEAR(routed.logprobs[c][i], colocated.logprobs[c][i], 1e-3) << "choice " << c << " token " << i;
+  }
+  EXPECT_EQ(routed.usage["prompt_tokens"], colocated.usage["prompt_tokens"]);
+  EXPECT_EQ(routed.usage["completion_tokens"], colocated.usage["completion_tokens"]);
+}
+
+// The instances a routed response names, checked against each other.
+void ExpectInstances(const Answer& a, const std::set<std::string>& prefills, const std::set<std::string>& decodes) {
+  EXPECT_EQ(prefills.count(a.prefill_header), 1u) << a.prefill_header;
+  EXPECT_EQ(decodes.count(a.decode_header), 1u) << a.decode_header;
+  ASSERT_TRUE(a.usage.contains("strata")) << a.usage.dump();
+  const json& in = a.usage["strata"]["instances"];
+  EXPECT_EQ(in["prefill"], a.prefill_header);
+  ASSERT_EQ(in["decode"].size(), 1u) << in.dump();
+  EXPECT_EQ(in["decode"][0], a.decode_header);
+}
+
+// Router + 2 prefill + 2 decode instances (the router serves the metadata)
+// and a colocated `strata serve`, shared by the tests of the suite.
+class RouterCluster : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    router_ = StartRouter("strata://127.0.0.1:0", true).release();
+    if (router_ == nullptr) return;
+    const std::string url = "strata://127.0.0.1:" + std::to_string(router_->port("metadata"));
+    for (const char* name : {"prefill-a", "prefill-b"}) members_.push_back(StartMember(url, name, "prefill").release());
+    for (const char* name : {"decode-a", "decode-b"}) members_.push_back(StartMember(url, name, "decode").release());
+    colocated_ = StartTinyServer({}).release();
+  }
+  static void TearDownTestSuite() {
+    StopCleanly(router_);
+    for (ServerProcess* m : members_) StopCleanly(m);
+    StopCleanly(colocated_);
+    delete router_;
+    for (ServerProcess* m : members_) delete m;
+    delete colocated_;
+    members_.clear();
+  }
+  void SetUp() override {
+    ASSERT_NE(router_, nullptr);
+    ASSERT_NE(colocated_, nullptr);
+    for (ServerProcess* m : members_) ASSERT_NE(m, nullptr);
+    ASSERT_TRUE(WaitForInstances(router_->http_port(), 2, 2)) << Metrics(router_->http_port());
+  }
+  void TearDown() override {
+    ExpectRouterIdle(router_->http_port());
+    for (ServerProcess* m : members_) ExpectPoolEmpty(m->http_port());
+  }
+  static inline ServerProcess* router_ = nullptr;
+  static inline ServerProcess* colocated_ = nullptr;
+  static inline std::vector<ServerProcess*> members_;
+  const std::set<std::string> prefills_{"prefill-a", "prefill-b"}, decodes_{"decode-a", "decode-b"};
+};
+
+TEST_F(RouterCluster, CompletionsEqualAColocatedServer) {
+  const int rp = router_->http_port(), cp = colocated_->http_port();
+  for (auto [temperature, seed] : {std::pair{0.0, 0}, std::pair{0.9, 7}}) {
+    SCOPED_TRACE("temperature " + std::to_string(temperature));
+    json body = {{"model", "tiny"}, {"prompt", Prompt(seed + 1, 200)}, {"max_tokens", 12},
+                 {"temperature", temperature}, {"logprobs", 2}, {"n", 2}};
+    if (seed != 0) body["seed"] = seed;
+    const Answer colocated = Whole(PostJson(cp, "/v1/completions", body));
+    const Answer routed = Whole(PostJson(rp, "/v1/completions", body));
+    ExpectSameAnswer(routed, colocated);
+    ASSERT_EQ(routed.text.size(), 2u);
+    EXPECT_EQ(routed.usage["prompt_tokens"], 200);
+    // n = 2: the choices are two requests, possibly on two decode instances.
+    EXPECT_EQ(prefills_.count(routed.prefill_header), 1u) << routed.prefill_header;
+    const json& in = routed.usage["strata"]["instances"];
+    EXPECT_GE(in["decode"].size(), 1u) << in.dump();
+    for (const json& d : in["decode"]) EXPECT_EQ(decodes_.count(d.get<std::string>()), 1u) << in.dump();
+
+    // Streamed: the same text per choice; headers and usage name the instances.
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    body.erase("logprobs");
+    auto s = PostJson(rp, "/v1/completions", body);
+    ASSERT_EQ(s.status, 200) << s.raw;
+    EXPECT_EQ(prefills_.count(s.http.header("x-strata-prefill-instance")), 1u) << s.http.headers;
+    EXPECT_FALSE(s.http.header("x-strata-decode-instance").empty()) << s.http.headers;
+    SseBody sse = ParseSse(s.raw);
+    EXPECT_TRUE(sse.done_last);
+    for (int c = 0; c < 2; ++c) EXPECT_EQ(StreamedText(sse, c), colocated.text[static_cast<size_t>(c)]);
+    ASSERT_FALSE(sse.events.empty());
+    const json& usage = sse.events.back()["usage"];
+    EXPECT_EQ(usage["completion_tokens"], colocated.usage["completion_tokens"]) << usage.dump();
+    // The headers name the instances of the first event (either choice),
+    // the usage choice 0's prefill instance and every decode instance.
+    EXPECT_EQ(prefills_.count(usage["strata"]["instances"]["prefill"].get<std::string>()), 1u) << usage.dump();
+    EXPECT_GE(usage["strata"]["instances"]["decode"].size(), 1u) << usage.dump();
+  }
+}
+
+TEST_F(RouterCluster, ChatWithStopStringsEqualsAColocatedServer) {
+  const int rp = router_->http_port(), cp = colocated_->http_port();
+  json body = {{"model", "tiny"},
+               {"messages", json::array({{{"role", "user"}, {"content", "Tell me a story about a tree and a cat."}}})},
+               {"max_tokens", 24},
+               {"temperature", 0}};
+  const Answer free = Whole(PostJson(cp, "/v1/chat/completions", body));
+  ASSERT_EQ(free.text.size(), 1u);
+  ASSERT_GE(free.text[0].size(), 8u) << free.text[0];
+  // A stop string from the middle of the free answer: both must cut there.
+  body["stop"] = json::array({free.text[0].substr(free.text[0].size() / 2, 3)});
+  const Answer colocated = Whole(PostJson(cp, "/v1/chat/completions", body));
+  const Answer routed = Whole(PostJson(rp, "/v1/chat/completions", body));
+  EXPECT_EQ(colocated.finish[0], "stop");
+  ExpectSameAnswer(routed, colocated);
+  ExpectInstances(routed, prefills_, decodes_);
+  // Streamed chat, stop string included.
+  body["stream"] = true;
+  auto s = PostJson(rp, "/v1/chat/completions", body);
+  ASSERT_EQ(s.status, 200) << s.raw;
+  EXPECT_EQ(StreamedText(ParseSse(s.raw)), colocated.text[0]);
+}
+
+TEST_F(RouterCluster, TheOfficialOpenAiClientSeesOneServer) {
+  STRATA_NEED_OPENAI();
+  json chat = {{"model", "tiny"},
+               {"messages", json::array({{{"role", "user"}, {"content", "Once upon a time there was a tree."}}})},
+               {"max_tokens", 10},
+               {"temperature", 0}};
+  json streamed = chat;
+  streamed["stream_options"] = {{"include_usage", true}};
+  json seeded = {{"model", "tiny"}, {"prompt", "The little girl saw a big"}, {"max_tokens", 10},
+                 {"temperature", 0.8}, {"seed", 11}, {"n", 2}};
+  const json calls = json::array({
+      {{"api", "chat"}, {"stream", false}, {"params", chat}},
+      {{"api", "chat"}, {"stream", true}, {"params", streamed}},
+      {{"api", "completions"}, {"stream", false}, {"params", seeded}},
+      {{"api", "completions"}, {"stream", true}, {"params", seeded}},
+  });
+  const json routed = RunClient(*router_, calls);
+  const json colocated = RunClient(*colocated_, calls);
+  ASSERT_EQ(routed.size(), calls.size());
+  ASSERT_EQ(colocated.size(), calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    SCOPED_TRACE("call " + std::to_string(i));
+    ASSERT_TRUE(routed[i]["ok"].get<bool>()) << routed[i].dump();
+    ASSERT_TRUE(colocated[i]["ok"].get<bool>()) << colocated[i].dump();
+    EXPECT_EQ(routed[i]["object"], colocated[i]["object"]);
+    EXPECT_EQ(routed[i]["choices"], colocated[i]["choices"]);
+  }
+  EXPECT_EQ(routed[0]["usage"]["completion_tokens"], colocated[0]["usage"]["completion_tokens"]);
+  EXPECT_TRUE(routed[1]["usage"]["strata"]["instances"].is_object()) << routed[1]["usage"].dump();
+}
+
+// A gRPC Generate stream: its deltas, the initial metadata, the usage.
+struct GrpcAnswer {
+  std::string text;
+  std::string prefill_md, decode_md;
+  ::strata::v1::Usage usage;
+  bool ok = false;
+};
+
+GrpcAnswer GrpcGenerate(int port, const std::vector<int32_t>& prompt, float temperature, uint64_t seed) {
+  namespace pb = ::strata::v1;
+  auto stub = pb::Strata::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  pb::GenerateRequest req;
+  req.set_model("tiny");
+  for (int32_t t : prompt) req.mutable_token_ids()->add_ids(t);
+  req.mutable_sampling()->set_max_tokens(12);
+  req.mutable_sampling()->set_temperature(temperature);
+  if (seed != 0) req.mutable_sampling()->set_seed(seed);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto reader = stub->Generate(&ctx, req);
+  GrpcAnswer a;
+  pb::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    if (msg.has_delta()) a.text += msg.delta().text();
+    if (msg.has_usage()) a.usage = msg.usage();
+  }
+  const grpc::Status st = reader->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  a.ok = st.ok();
+  auto md = ctx.GetServerInitialMetadata();
+  if (auto it = md.find("x-strata-prefill-instance"); it != md.end()) a.prefill_md = std::string(it->second.data(), it->second.size());
+  if (auto it = md.find("x-strata-decode-instance"); it != md.end()) a.decode_md = std::string(it->second.data(), it->second.size());
+  return a;
+}
+
+TEST_F(RouterCluster, TheGrpcClientSeesOneServer) {
+  ASSERT_GT(router_->port("grpc"), 0);
+  for (auto [temperature, seed] : {std::pair{0.0f, uint64_t{0}}, std::pair{0.8f, uint64_t{3}}}) {
+    const auto prompt = Prompt(30 + static_cast<int>(seed), 120);
+    const GrpcAnswer colocated = GrpcGenerate(colocated_->port("grpc"), prompt, temperature, seed);
+    const GrpcAnswer routed = GrpcGenerate(router_->port("grpc"), prompt, temperature, seed);
+    ASSERT_TRUE(colocated.ok && routed.ok);
+    EXPECT_EQ(routed.text, colocated.text);
+    EXPECT_EQ(routed.usage.completion_tokens(), colocated.usage.completion_tokens());
+    EXPECT_EQ(routed.usage.prompt_tokens(), 120);
+    EXPECT_EQ(prefills_.count(routed.prefill_md), 1u) << routed.prefill_md;
+    EXPECT_EQ(decodes_.count(routed.decode_md), 1u) << routed.decode_md;
+    EXPECT_EQ(routed.usage.instances().prefill(), routed.prefill_md);
+    ASSERT_EQ(routed.usage.instances().decode_size(), 1);
+    EXPECT_EQ(routed.usage.instances().decode(0), routed.decode_md);
+    EXPECT_FALSE(colocated.usage.has_instances());
+  }
+}
+
+// A cluster of its own, for faults that kill its members.
+struct FaultCluster {
+  std::unique_ptr<ServerProcess> router, colocated;
+  std::vector<std::unique_ptr<ServerProcess>> prefill, decode;
+  std::string url;
+  bool Start(int prefills, int decodes, const std::vector<std::string>& prefill_extra,
+             const std::vector<std::string>& decode_extra) {
+    router = StartRouter("strata://127.0.0.1:0", true);
+    if (!router) return false;
+    url = "strata://127.0.0.1:" + std::to_string(router->port("metadata"));
+    for (int i = 0; i < prefills; ++i)
+      prefill.push_back(StartMember(url, "prefill-" + std::to_string(i), "prefill", prefill_extra));
+    for (int i = 0; i < decodes; ++i)
+      decode.push_back(StartMember(url, "decode-" + std::to_string(i), "decode", decode_extra));
+    colocated = StartTinyServer({});
+    for (auto& p : prefill) if (!p) return false;
+    for (auto& d : decode) if (!d) return false;
+    return colocated && WaitForInstances(router->http_port(), prefills, decodes);
+  }
+};
+
+TEST(RouterFaults, AClientThatHangsUpMidPrefillOrMidDecodeFreesEveryBlock) {
+  FaultCluster c;
+  // Slow steps, so that the client can leave in the middle of each phase.
+  ASSERT_TRUE(c.Start(1, 1, {"--debug-step-time-factor", "100", "--max-batch-tokens", "16"},
+                      {"--debug-step-time-factor", "40"}));
+  const int rp = c.router->http_port();
+  // Mid-prefill: a 400-token prompt in 25 slow steps takes longer than
+  // the 0.1 s the client waits.
+  auto quick = HttpCall("127.0.0.1", rp, "POST", "/v1/completions",
+                        json{{"model", "tiny"}, {"prompt", Prompt(4, 400)}, {"max_tokens", 50}}.dump(), {}, 0.1);
+  EXPECT_FALSE(quick.ok()) << "answered within 0.1 s";
+  // Mid-decode: leave after the first chunks of a long answer.
+  json body = {{"model", "tiny"}, {"prompt", Prompt(3, 100)}, {"max_tokens", 200}, {"stream", true}};
+  int chunks = 0;
+  auto r = HttpStream("127.0.0.1", rp, "POST", "/v1/completions", body.dump(), {},
+                      [&](std::string_view) { return ++chunks < 3; });
+  EXPECT_TRUE(r.ok()) << r.error().ToString();
+  ExpectRouterIdle(rp);
+  ExpectPoolEmpty(c.prefill[0]->http_port());
+  ExpectPoolEmpty(c.decode[0]->http_port());
+  // The decode instance cancelled the stream the router closed.
+  const std::string md = WaitForMetrics(c.decode[0]->http_port(), [](const std::string& t) {
+    return Gauge(t, "strata_requests_total", R"(finish_reason="abort")") >= 1;
+  });
+  EXPECT_EQ(Gauge(md, "strata_requests_total", R"(finish_reason="abort")"), 1) << md << c.router->stderr_tail();
+  EXPECT_EQ(Gauge(md, "strata_requests_total", R"(finish_reason="length")"), -1) << "nothing ran to its end";
+  // The router is still serving.
+  const auto after = PostJson(rp, "/v1/completions", json{{"model", "tiny"}, {"prompt", "Hello"}, {"max_tokens", 3}});
+  EXPECT_EQ(after.status, 200) << after.raw;
+}
+
+TEST(RouterFaults, ADecodeInstanceKilledMidStreamIsResumedOnAnother) {
+  FaultCluster c;
+  // Slow decode steps, so that the stream is still running when killed.
+  ASSERT_TRUE(c.Start(1, 2, {}, {"--debug-step-time-factor", "40"}));
+  const int rp = c.router->http_port();
+  json body = {{"model", "tiny"}, {"prompt", Prompt(9, 150)}, {"max_tokens", 60}, {"temperature", 0.9},
+               {"seed", 5}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  json plain = body;
+  plain["stream"] = false;
+  plain.erase("stream_options");
+  const Answer colocated = Whole(PostJson(c.colocated->http_port(), "/v1/completions", plain));
+  ASSERT_EQ(colocated.finish.size(), 1u);
+  ASSERT_EQ(colocated.finish[0], "length") << "the test needs a long answer";
+
+  std::string streamed;
+  std::atomic<int> killed{-1};
+  auto r = HttpStream("127.0.0.1", rp, "POST", "/v1/completions", body.dump(), {}, [&](std::string_view data) {
+    streamed.append(data);
+    if (killed < 0 && streamed.find("\"text\"") != std::string::npos) {
+      // The decode instance with the stream: it has started a decode.
+      for (int i = 0; i < 2 && killed < 0; ++i) {
+        if (Gauge(Metrics(c.decode[i]->http_port()), "strata_pd_decodes_total") >= 1) {
+          c.decode[i]->Signal(SIGKILL);
+          killed = i;
+        }
+      }
+    }
+    return true;
+  }, 120);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_GE(killed.load(), 0) << "no decode instance was found running the stream";
+  SseBody sse = ParseSse(streamed);
+  EXPECT_TRUE(sse.done_last);
+  EXPECT_EQ(StreamedText(sse), colocated.text[0]) << "one stream, nothing lost or repeated";
+  ASSERT_FALSE(sse.events.empty());
+  const json usage = sse.events.back()["usage"];
+  EXPECT_EQ(usage["completion_tokens"], 60) << usage.dump();
+  const json decode_list = usage["strata"]["instances"]["decode"];
+  ASSERT_EQ(decode_list.size(), 2u) << usage.dump();
+  EXPECT_EQ(decode_list[0], "decode-" + std::to_string(killed.load()));
+  const std::string m = Metrics(rp);
+  EXPECT_EQ(Gauge(m, "strata_router_failovers_total", R"(phase="decode")"), 1);
+  ExpectRouterIdle(rp);
+  ExpectPoolEmpty(c.prefill[0]->http_port());
+  ExpectPoolEmpty(c.decode[1 - killed.load()]->http_port());
+}
+
+TEST(RouterFaults, APrefillInstanceKilledMidPromptIsResumedOnAnother) {
+  FaultCluster c;
+  // Slow prefill steps of 16 tokens: a 400-token prompt takes many steps.
+  ASSERT_TRUE(c.Start(2, 1, {"--debug-step-time-factor", "30", "--max-batch-tokens", "16"}, {}));
+  const int rp = c.router->http_port();
+  json body = {{"model", "tiny"}, {"prompt", Prompt(12, 400)}, {"max_tokens", 8}, {"temperature", 0}};
+  const Answer colocated = Whole(PostJson(c.colocated->http_port(), "/v1/completions", body));
+  JsonResponse routed;
+  std::thread client([&] { routed = PostJson(rp, "/v1/completions", body); });
+  // Kill the prefill instance that runs it, mid-prompt.
+  int killed = -1;
+  for (int tries = 0; tries < 400 && killed < 0; ++tries) {
+    for (int i = 0; i < 2 && killed < 0; ++i) {
+      if (Gauge(Metrics(c.prefill[i]->http_port()), "strata_num_requests_running") >= 1) {
+        c.prefill[i]->Signal(SIGKILL);
+        killed = i;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  client.join();
+  ASSERT_GE(killed, 0) << "no prefill instance was seen running the prompt";
+  const Answer a = Whole(routed);
+  ExpectSameAnswer(a, colocated);
+  EXPECT_EQ(a.prefill_header, "prefill-" + std::to_string(1 - killed));
+  EXPECT_EQ(Gauge(Metrics(rp), "strata_router_failovers_total", R"(phase="prefill")"), 1);
+  ExpectRouterIdle(rp);
+  ExpectPoolEmpty(c.prefill[1 - killed]->http_port());
+  // The killed prefill instance's grants lapse; the decode pool empties.
+  ExpectPoolEmpty(c.decode[0]->http_port());
+}
+
+// One prefill and one decode instance registered in a real etcd: the second
+// turn of a conversation finds the first in the prefill instance's cache
+// and the decode instance holds its blocks (fewer bytes sent).
+TEST(RouterEtcd, ASecondTurnIsCachedAndSendsFewerBlocks) {
+  MetadataStoreProcess store(true);
+  auto router = StartRouter(store.url(), false);
+  auto prefill = StartMember(store.url(), "prefill-e", "prefill");
+  auto decode = StartMember(store.url(), "decode-e", "decode");
+  auto colocated = StartTinyServer({});
+  ASSERT_TRUE(router && prefill && decode && colocated);
+  const int rp = router->http_port();
+  ASSERT_TRUE(WaitForInstances(rp, 1, 1)) << Metrics(rp);
+  const auto turn1 = Prompt(21, 300);
+  auto turn2 = turn1;
+  for (int i = 0; i < 40; ++i) turn2.push_back(9 + i);
+  auto ask = [&](const std::vector<int32_t>& prompt) {
+    json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}};
+    const Answer colocated_answer = Whole(PostJson(colocated->http_port(), "/v1/completions", body));
+    const Answer a = Whole(PostJson(rp, "/v1/completions", body));
+    ExpectSameAnswer(a, colocated_answer);
+    ExpectInstances(a, {"prefill-e"}, {"decode-e"});
+    return a;
+  };
+  const Answer first = ask(turn1);
+  EXPECT_EQ(first.usage["prompt_tokens_details"]["cached_tokens"], 0);
+  const double sent1 = Gauge(Metrics(prefill->http_port()), "strata_pd_blocks_sent_total");
+  EXPECT_EQ(sent1, 18) << "(300 - 1) / 16 blocks";
+  const Answer second = ask(turn2);
+  EXPECT_EQ(second.usage["prompt_tokens_details"]["cached_tokens"], 18 * kBlock) << second.usage.dump();
+  const double sent2 = Gauge(Metrics(prefill->http_port()), "strata_pd_blocks_sent_total") - sent1;
+  EXPECT_EQ(sent2, static_cast<double>((turn2.size() - 1) / kBlock - 18)) << "only the new blocks";
+  EXPECT_LT(sent2, sent1);
+  EXPECT_EQ(Gauge(Metrics(decode->http_port()), "strata_pd_blocks_held_total"), 18);
+  ExpectRouterIdle(rp);
+  ExpectPoolEmpty(prefill->http_port());
+  ExpectPoolEmpty(decode->http_port());
+  StopCleanly(router.get());
+  StopCleanly(prefill.get());
+  StopCleanly(decode.get());
+}
+
+}  // namespace
+}  // namespace strata::testing
