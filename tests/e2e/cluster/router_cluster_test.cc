@@ -12,7 +12,10 @@
 
 #include <signal.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <fstream>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -337,11 +340,13 @@ struct FaultCluster {
   std::unique_ptr<ServerProcess> router, colocated;
   std::vector<std::unique_ptr<ServerProcess>> prefill, decode;
   std::string url;
+  // `store_url`: an outside metadata store (else the router serves it).
   bool Start(int prefills, int decodes, const std::vector<std::string>& prefill_extra,
-             const std::vector<std::string>& decode_extra) {
-    router = StartRouter("strata://127.0.0.1:0", true);
+             const std::vector<std::string>& decode_extra, const std::string& store_url = "",
+             const std::vector<std::string>& router_extra = {}) {
+    router = StartRouter(store_url.empty() ? "strata://127.0.0.1:0" : store_url, store_url.empty(), router_extra);
     if (!router) return false;
-    url = "strata://127.0.0.1:" + std::to_string(router->port("metadata"));
+    url = store_url.empty() ? "strata://127.0.0.1:" + std::to_string(router->port("metadata")) : store_url;
     for (int i = 0; i < prefills; ++i)
       prefill.push_back(StartMember(url, "prefill-" + std::to_string(i), "prefill", prefill_extra));
     for (int i = 0; i < decodes; ++i)
@@ -460,6 +465,133 @@ TEST(RouterFaults, APrefillInstanceKilledMidPromptIsResumedOnAnother) {
   ExpectRouterIdle(rp);
   ExpectPoolEmpty(c.prefill[1 - killed]->http_port());
   // The killed prefill instance's grants lapse; the decode pool empties.
+  ExpectPoolEmpty(c.decode[0]->http_port());
+}
+
+TEST(RouterFaults, ATransferStalledPastItsLeaseIsRecomputedExactly) {
+  FaultCluster c;
+  // Every block write of the prefill instance stalls 2 s; the router's
+  // reservations lapse after 1 s: the decode instance frees them and revokes
+  // the grants, the late writes land nowhere, the decode recomputes.
+  ASSERT_TRUE(c.Start(1, 1, {"--transfer-faults", "delay@write:0:1000000:2"}, {}, "", {"--lease-ms", "1000"}));
+  const int rp = c.router->http_port();
+  json body = {{"model", "tiny"}, {"prompt", Prompt(15, 100)}, {"max_tokens", 10}, {"temperature", 0}};
+  const Answer colocated = Whole(PostJson(c.colocated->http_port(), "/v1/completions", body));
+  const Answer a = Whole(PostJson(rp, "/v1/completions", body));
+  ExpectSameAnswer(a, colocated);
+  const std::string md = Metrics(c.decode[0]->http_port());
+  EXPECT_EQ(Gauge(md, "strata_pd_reservations_expired_total"), 1);
+  EXPECT_EQ(Gauge(md, "strata_pd_blocks_received_total"), 0);
+  EXPECT_EQ(Gauge(Metrics(c.prefill[0]->http_port()), "strata_pd_send_failures_total"), 1);
+  ExpectRouterIdle(rp);
+  ExpectPoolEmpty(c.prefill[0]->http_port());
+  ExpectPoolEmpty(c.decode[0]->http_port());
+}
+
+TEST(RouterFaults, InstancesFreeADeadRoutersRequestsAndANewRouterWorks) {
+  MetadataStoreProcess store(false);
+  FaultCluster c;
+  ASSERT_TRUE(c.Start(1, 1, {"--debug-step-time-factor", "100", "--max-batch-tokens", "16"},
+                      {"--debug-step-time-factor", "40"}, store.url(), {"--lease-ms", "1500"}));
+  int rp = c.router->http_port();
+  // One request mid-decode, one mid-prefill, when the router dies.
+  std::thread decoding([&] {
+    json body = {{"model", "tiny"}, {"prompt", Prompt(5, 60)}, {"max_tokens", 300}, {"stream", true}};
+    (void)HttpStream("127.0.0.1", rp, "POST", "/v1/completions", body.dump(), {}, [](std::string_view) { return true; },
+                     60);
+  });
+  const auto decoding_seen = [&](const std::string& t) { return Gauge(t, "strata_num_requests_running") >= 1; };
+  ASSERT_TRUE(decoding_seen(WaitForMetrics(c.decode[0]->http_port(), decoding_seen, 30)));
+  std::thread prefilling([&] {
+    json body = {{"model", "tiny"}, {"prompt", Prompt(6, 400)}, {"max_tokens", 20}};
+    (void)HttpCall("127.0.0.1", rp, "POST", "/v1/completions", body.dump(), {}, 60);
+  });
+  const auto prefill_seen = [&](const std::string& t) { return Gauge(t, "strata_num_requests_running") >= 1; };
+  ASSERT_TRUE(prefill_seen(WaitForMetrics(c.prefill[0]->http_port(), prefill_seen, 30)));
+  ASSERT_TRUE(c.router->Signal(SIGKILL));
+  decoding.join();
+  prefilling.join();
+  // The decode instance cancelled the stream whose router left; the
+  // mid-prefill reservation lapsed; the prefill's blocks came back.
+  ExpectPoolEmpty(c.decode[0]->http_port());
+  ExpectPoolEmpty(c.prefill[0]->http_port());
+  const std::string md = WaitForMetrics(c.decode[0]->http_port(), [](const std::string& t) {
+    return Gauge(t, "strata_pd_reservations_active") == 0;
+  });
+  EXPECT_EQ(Gauge(md, "strata_pd_reservations_active"), 0);
+  EXPECT_EQ(Gauge(md, "strata_requests_total", R"(finish_reason="abort")"), 1);
+  // A new router serves the same instances.
+  auto router2 = StartRouter(store.url(), false);
+  ASSERT_NE(router2, nullptr);
+  rp = router2->http_port();
+  ASSERT_TRUE(WaitForInstances(rp, 1, 1));
+  json body = {{"model", "tiny"}, {"prompt", Prompt(7, 50)}, {"max_tokens", 5}, {"temperature", 0}};
+  ExpectSameAnswer(Whole(PostJson(rp, "/v1/completions", body)),
+                   Whole(PostJson(c.colocated->http_port(), "/v1/completions", body)));
+  ExpectPoolEmpty(c.decode[0]->http_port());
+  StopCleanly(router2.get());
+}
+
+TEST(RouterFaults, ADecodeInstanceThatDrainsFinishesItsStreamsAndGetsNoNewWork) {
+  FaultCluster c;
+  ASSERT_TRUE(c.Start(1, 2, {}, {"--debug-step-time-factor", "40"}));
+  const int rp = c.router->http_port();
+  json body = {{"model", "tiny"}, {"prompt", Prompt(8, 80)}, {"max_tokens", 80}, {"temperature", 0.7},
+               {"seed", 9}, {"stream", true}};
+  json plain = body;
+  plain["stream"] = false;
+  const Answer colocated = Whole(PostJson(c.colocated->http_port(), "/v1/completions", plain));
+  std::string streamed;
+  int draining = -1;
+  std::string second_decode;
+  auto r = HttpStream("127.0.0.1", rp, "POST", "/v1/completions", body.dump(), {}, [&](std::string_view data) {
+    streamed.append(data);
+    if (draining < 0 && streamed.find("\"text\"") != std::string::npos) {
+      for (int i = 0; i < 2 && draining < 0; ++i) {
+        if (Gauge(Metrics(c.decode[i]->http_port()), "strata_pd_decodes_total") >= 1) {
+          c.decode[i]->Signal(SIGTERM);
+          draining = i;
+        }
+      }
+      // New work goes to the other decode instance meanwhile.
+      auto other = PostJson(rp, "/v1/completions", json{{"model", "tiny"}, {"prompt", "Hi"}, {"max_tokens", 2}});
+      EXPECT_EQ(other.status, 200) << other.raw;
+      second_decode = other.http.header("x-strata-decode-instance");
+    }
+    return true;
+  }, 120);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_GE(draining, 0);
+  SseBody sse = ParseSse(streamed);
+  EXPECT_TRUE(sse.done_last);
+  EXPECT_EQ(StreamedText(sse), colocated.text[0]) << "the draining instance finished it";
+  EXPECT_EQ(Gauge(Metrics(rp), "strata_router_failovers_total", R"(phase="decode")"), 0);
+  EXPECT_EQ(second_decode, "decode-" + std::to_string(1 - draining));
+  auto code = c.decode[static_cast<size_t>(draining)]->Wait(60);
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+  ExpectRouterIdle(rp);
+  ExpectPoolEmpty(c.decode[static_cast<size_t>(1 - draining)]->http_port());
+}
+
+TEST(RouterSecret, EveryProcessAuthenticatesWithTheClusterSecret) {
+  const std::string dir = MakeTempDir("router-secret");
+  const std::string secret = dir + "/secret";
+  std::ofstream(secret) << "s3cr3t-for-the-test\n";
+  ::chmod(secret.c_str(), 0600);
+  FaultCluster c;
+  ASSERT_TRUE(c.Start(1, 1, {"--cluster-secret-file", secret}, {"--cluster-secret-file", secret}, "",
+                      {"--cluster-secret-file", secret}));
+  const int rp = c.router->http_port();
+  json body = {{"model", "tiny"}, {"prompt", Prompt(2, 60)}, {"max_tokens", 6}, {"temperature", 0}};
+  ExpectSameAnswer(Whole(PostJson(rp, "/v1/completions", body)),
+                   Whole(PostJson(c.colocated->http_port(), "/v1/completions", body)));
+  // Without the token: the metadata store and the internal routes refuse.
+  auto store = transfer::MetadataClient::Create(*transfer::ParseMetadataUrl(c.url));
+  auto listed = (*store)->List();
+  EXPECT_FALSE(listed.ok());
+  const auto refused = SimpleHttp(c.decode[0]->http_port(), "POST", "/internal/pd/cancel", R"({"id":1})");
+  EXPECT_EQ(refused.status, 401) << refused.body;
   ExpectPoolEmpty(c.decode[0]->http_port());
 }
 
