@@ -42,6 +42,8 @@ class SimRunner final : public scheduler::StepRunner {
   int vocab_size() const override { return vocab_; }
   int context_length() const override { return kSimContextLength; }
   double TakeSeconds() { return std::exchange(seconds_, 0.0); }
+  // The cost model's prefill rate (the ttft router's figure for it).
+  double prefill_tokens_per_s() const { return cost_.recompute_tokens_per_s(); }
 
  private:
   const CostModel cost_;
@@ -337,7 +339,13 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
       sr.prompt.push_back(o.first_id);
       for (size_t j = 0; j < inst.size(); ++j) {
         inst[j].kv->Poll();
-        candidates[j].cached_tokens = inst[j].kv->Match(sr.prompt, "").total();
+        scheduler::RouteCandidate& c = candidates[j];
+        c.cached_tokens = std::min<int32_t>(inst[j].kv->Match(sr.prompt, "").total(), p.prompt_len);
+        // ttft: what the instance would compute, what is queued there, its
+        // rate (lower-tier fetch time is not modelled in the choice).
+        c.uncached_tokens = p.prompt_len - c.cached_tokens;
+        c.queue_tokens = inst[j].engine->Stats().pending_prefill_tokens;
+        c.prefill_tokens_per_s = inst[j].runner->prefill_tokens_per_s();
       }
       sr.prompt.pop_back();
     }

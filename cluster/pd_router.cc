@@ -96,7 +96,12 @@ PdRouter::PdRouter(ListInstancesFn list, PdRouterOptions options)
         for (kvcache::TierKind k : kvcache::kAllTierKinds) n.emplace_back(kvcache::TierKindName(k));
         return n;
       }()),
-      tier_kinds_(kvcache::kAllTierKinds.begin(), kvcache::kAllTierKinds.end()) {
+      tier_kinds_(kvcache::kAllTierKinds.begin(), kvcache::kAllTierKinds.end()),
+      prefill_router_(options_.routing),
+      // A decode instance's worth is the blocks of the prompt it holds
+      // already (not sent again): cache-aware policies prefer those.
+      decode_router_(options_.routing == scheduler::RoutingPolicy::kTtft ? scheduler::RoutingPolicy::kLongestPrefix
+                                                                         : options_.routing) {
   // Reservation ids: random high bits, so that a new router (after one
   // died) does not reuse the ids of reservations its predecessor left.
   std::random_device rd;
@@ -161,34 +166,49 @@ std::vector<PdInstance> PdRouter::instances() const {
   return instances_;
 }
 
-bool PdRouter::Pick(Phase phase, const std::set<std::string>& exclude, const std::string& other, PdInstance* out) {
-  std::lock_guard lock(mu_);
-  const auto now = std::chrono::steady_clock::now();
-  const size_t n = instances_.size();
-  PdInstance* best = nullptr;
-  int best_load = 0;
-  bool best_is_other = false, best_avoided = false;
-  for (size_t k = 0; k < n; ++k) {
-    PdInstance& p = instances_[(turn_ + k) % n];
-    const bool role_ok = phase == Phase::kPrefill ? (p.role == "prefill" || p.role == "both")
-                                                  : (p.role == "decode" || p.role == "both");
-    if (!role_ok || exclude.count(p.name) > 0) continue;
-    const int load = phase == Phase::kPrefill ? p.prefilling : p.decoding;
-    const bool is_other = p.name == other;
-    const bool avoided = p.avoid_until > now;
-    // Order: not avoided, not the other phase's instance, least loaded, in turn.
-    auto key = [](bool av, bool ot, int l) { return std::tuple(av, ot, l); };
-    if (best == nullptr || key(avoided, is_other, load) < key(best_avoided, best_is_other, best_load)) {
-      best = &p;
-      best_load = load;
-      best_is_other = is_other;
-      best_avoided = avoided;
+bool PdRouter::Pick(const Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
+                    PdInstance* out) {
+  // The candidates: the role, not excluded; instances not avoided (after a
+  // failure) and not the other phase's instance first, when there are such.
+  std::vector<PdInstance> cands;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    for (const PdInstance& p : instances_) {
+      const bool role_ok = phase == Phase::kPrefill ? (p.role == "prefill" || p.role == "both")
+                                                    : (p.role == "decode" || p.role == "both");
+      if (role_ok && exclude.count(p.name) == 0) cands.push_back(p);
+    }
+    auto prefer = [&](auto good) {
+      if (std::any_of(cands.begin(), cands.end(), good)) std::erase_if(cands, [&](const PdInstance& p) { return !good(p); });
+    };
+    prefer([&](const PdInstance& p) { return p.avoid_until <= now; });
+    prefer([&](const PdInstance& p) { return p.name != other; });
+  }
+  if (cands.empty()) return false;
+  scheduler::Router& router = phase == Phase::kPrefill ? prefill_router_ : decode_router_;
+  std::vector<scheduler::RouteCandidate> rc(cands.size());
+  for (size_t i = 0; i < cands.size(); ++i) rc[i].unfinished = phase == Phase::kPrefill ? cands[i].prefilling : cands[i].decoding;
+  if (router.needs_cached_tokens() && cands.size() > 1) {
+    // What each candidate holds of the prompt, its queue and rate.
+    const std::string q = LookupRequestToJson({f.request.prompt, f.request.cache_salt});
+    const auto prompt = static_cast<int64_t>(f.request.prompt.size());
+    for (size_t i = 0; i < cands.size(); ++i) {
+      auto r = HttpCall(cands[i].host, cands[i].port, "POST", "/internal/pd/lookup", q, options_.auth, 1.0);
+      auto a = r && r->status == 200 ? LookupReplyFromJson(r->body) : Result<LookupReply>(Status::Unavailable(Describe(r)));
+      if (!a) continue;  // known nothing: no cache, rate unknown
+      rc[i].cached_tokens = phase == Phase::kPrefill ? a->cached_tokens : a->device_cached_tokens;
+      rc[i].uncached_tokens = std::max<int64_t>(0, prompt - rc[i].cached_tokens);
+      rc[i].queue_tokens = a->pending_prefill_tokens;
+      rc[i].prefill_tokens_per_s = a->prefill_tokens_per_s;
     }
   }
-  if (best == nullptr) return false;
-  ++turn_;
-  (phase == Phase::kPrefill ? best->prefilling : best->decoding) += 1;
-  *out = *best;
+  std::lock_guard lock(mu_);
+  const size_t k = router.Pick(rc);
+  *out = cands[k];
+  for (PdInstance& p : instances_) {
+    if (p.name == out->name) (phase == Phase::kPrefill ? p.prefilling : p.decoding) += 1;
+  }
   return true;
 }
 
@@ -421,14 +441,14 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   std::set<std::string>* bad_prefill = &tried->prefill;
   std::set<std::string>* bad_decode = &tried->decode;
   PdInstance p, d;
-  if (!Pick(Phase::kPrefill, *bad_prefill, "", &p)) {
+  if (!Pick(f, Phase::kPrefill, *bad_prefill, "", &p)) {
     *why = Status::Unavailable("no prefill instance of model '" + options_.model + "' is available" +
                                (bad_prefill->empty() ? "" : " (every one failed or refused)"));
     return true;
   }
   std::set<std::string> excluded = *bad_decode;
   excluded.insert(tried->not_now.begin(), tried->not_now.end());
-  if (!Pick(Phase::kDecode, excluded, p.name, &d)) {
+  if (!Pick(f, Phase::kDecode, excluded, p.name, &d)) {
     Unload(Phase::kPrefill, p.name);
     const int64_t waited_ms = (Now() - f.arrival) / 1000000;
     if (!tried->not_now.empty() && waited_ms < options_.queue_timeout.count()) {

@@ -5,8 +5,9 @@
 //
 // Each request is one handoff through the /internal/pd/ routes
 // (cluster/pd_wire.h, docs/disaggregation.md):
-//   1. pick a prefill and a decode instance (least loaded by this router's
-//      own count of requests in each phase; ties in turn);
+//   1. pick a prefill and a decode instance by the routing policy
+//      (PdRouterOptions::routing; least-loaded by default: this router's
+//      own count of requests in each phase, ties in turn);
 //   2. reserve the prompt's blocks at the decode instance, granted to the
 //      prefill instance ("not now" → the next decode instance);
 //   3. prefill: the prefill instance runs the prompt to its first token and
@@ -50,6 +51,7 @@
 #include "common/http_client.h"
 #include "common/status.h"
 #include "scheduler/engine_client.h"
+#include "scheduler/router.h"
 #include "transfer/metadata.h"
 
 namespace strata::cluster {
@@ -95,6 +97,11 @@ struct PdRouterOptions {
   std::chrono::milliseconds queue_timeout{60000};
   std::chrono::milliseconds refresh{500};   // how often the instance list is re-read
   std::chrono::milliseconds avoid{5000};    // an instance that failed is not picked for this long
+  // How instances are chosen (scheduler/router.h): the prefill instance by
+  // this policy (longest-prefix and ttft ask each candidate's
+  // /internal/pd/lookup); the decode instance by the same policy, except
+  // that ttft picks the decode instance holding most of the prompt.
+  scheduler::RoutingPolicy routing = scheduler::RoutingPolicy::kLeastLoaded;
 };
 
 struct PdRouterStats {
@@ -176,9 +183,13 @@ class PdRouter final : public scheduler::EngineClient {
   };
   bool Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why);
   bool Decode(Flight& f, const PdInstance& d, const std::string& body, Status* why);
-  // Picks the least loaded instance for `phase` outside `exclude` (and not
-  // `other` when another choice exists); counts it as loaded. False: none.
-  bool Pick(Phase phase, const std::set<std::string>& exclude, const std::string& other, PdInstance* out);
+  // Picks an instance for `phase` by the routing policy among those not in
+  // `exclude`, preferring ones not avoided and not `other` (the other
+  // phase's instance); asks the candidates' /internal/pd/lookup when the
+  // policy reads caches (decode: the device blocks held). Counts it as
+  // loaded. False: no candidate.
+  bool Pick(const Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
+            PdInstance* out);
   void Unload(Phase phase, const std::string& name);
   void Avoid(const std::string& name);
   // A blocking call on the flight's connection (aborted by Cancel).
@@ -203,7 +214,7 @@ class PdRouter final : public scheduler::EngineClient {
   std::condition_variable cv_;
   bool stopping_ = false;
   uint64_t next_id_ = 1;
-  size_t turn_ = 0;
+  scheduler::Router prefill_router_, decode_router_;  // mu_ (their turns)
   std::vector<PdInstance> instances_;
   std::map<uint64_t, std::shared_ptr<Flight>> flights_;
   std::map<uint64_t, std::thread> threads_;

@@ -442,4 +442,39 @@ Result<DecodeRequest> DecodeRequestFromJson(const std::string& text) {
   });
 }
 
+std::string LookupRequestToJson(const LookupRequest& r) {
+  return json{{"prompt", r.prompt}, {"cache_salt", r.cache_salt}}.dump();
+}
+Result<LookupRequest> LookupRequestFromJson(const std::string& text) {
+  return Decode<LookupRequest>(text, "lookup request", [](const Reader& r) {
+    LookupRequest q;
+    q.prompt = r.Ints<int32_t>("prompt");
+    q.cache_salt = r.Str("cache_salt");
+    if (q.prompt.empty()) r.Fail("prompt", "is empty");
+    return q;
+  });
+}
+
+std::string LookupReplyToJson(const LookupReply& r) {
+  return json{{"cached_tokens", r.cached_tokens},
+              {"device_cached_tokens", r.device_cached_tokens},
+              {"pending_prefill_tokens", r.pending_prefill_tokens},
+              {"prefill_tokens_per_s", r.prefill_tokens_per_s},
+              {"running", r.running},
+              {"waiting", r.waiting}}
+      .dump();
+}
+Result<LookupReply> LookupReplyFromJson(const std::string& text) {
+  return Decode<LookupReply>(text, "lookup reply", [](const Reader& r) {
+    LookupReply a;
+    a.cached_tokens = r.Int<int32_t>("cached_tokens");
+    a.device_cached_tokens = r.Int<int32_t>("device_cached_tokens");
+    a.pending_prefill_tokens = r.Int<int64_t>("pending_prefill_tokens");
+    a.prefill_tokens_per_s = r.Num("prefill_tokens_per_s", 0);
+    a.running = r.Int<int>("running");
+    a.waiting = r.Int<int>("waiting");
+    return a;
+  });
+}
+
 }  // namespace strata::cluster

@@ -13,6 +13,9 @@
 //        RequestOutput events, one "data: JSON" SSE line each, the last
 //        with finished = true.
 //   POST /internal/pd/cancel    (decode)  {"id":N}: frees a reservation.
+//   POST /internal/pd/lookup    (any)     LookupRequest → LookupReply: how
+//        much of a prompt the instance holds, and its queue and prefill
+//        rate (what a router's choice reads).
 //
 // An EngineRequest crosses whole (sampling, stop conditions, salt,
 // continuation with its sampler state; not deadline_nanos, which is a
@@ -76,6 +79,24 @@ struct PrefillReply {
 };
 std::string PrefillReplyToJson(const PrefillReply& r);
 Result<PrefillReply> PrefillReplyFromJson(const std::string& text);
+
+struct LookupRequest {
+  std::vector<int32_t> prompt;
+  std::string cache_salt;
+};
+std::string LookupRequestToJson(const LookupRequest& r);
+Result<LookupRequest> LookupRequestFromJson(const std::string& text);
+
+struct LookupReply {
+  int32_t cached_tokens = 0;           // leading prompt tokens with KV there (any tier)
+  int32_t device_cached_tokens = 0;    // of them, in its device pool (a decode instance need not be sent these)
+  int64_t pending_prefill_tokens = 0;  // EngineStats::pending_prefill_tokens
+  double prefill_tokens_per_s = 0;     // EngineStats::prefill_tokens_per_s (0: not known yet)
+  int running = 0;
+  int waiting = 0;
+};
+std::string LookupReplyToJson(const LookupReply& r);
+Result<LookupReply> LookupReplyFromJson(const std::string& text);
 
 struct DecodeRequest {
   uint64_t id = 0;                   // the reservation

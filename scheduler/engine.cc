@@ -631,9 +631,14 @@ Result<bool> Engine::Step() {
   if (!st.ok())
     STRATA_LOG_ERROR("engine: forward pass over {} sequences failed: {}", out.entries.size(), st.ToString());
   Update(out, st, logits_);
-  if (st.ok())
-    step_nanos_ += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - step_start).count());
+  if (st.ok()) {
+    const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - step_start).count();
+    step_nanos_ += static_cast<uint64_t>(nanos);
+    if (out.prefill_tokens >= 8 && nanos > 0) {
+      const double sample = static_cast<double>(out.prefill_tokens) * 1e9 / static_cast<double>(nanos);
+      prefill_rate_ = prefill_rate_ > 0 ? 0.7 * prefill_rate_ + 0.3 * sample : sample;
+    }
+  }
   RefreshStats();
   if (!st.ok()) return st;
   return true;
@@ -647,6 +652,9 @@ void Engine::RefreshStats() {
   st.forward_nanos = forward_nanos_;
   st.step_prefill_tokens = step_prefill_tokens_;
   st.step_decode_tokens = step_decode_tokens_;
+  st.prefill_tokens_per_s = prefill_rate_;
+  for (const Sequence* s : waiting_) st.pending_prefill_tokens += s->remaining();
+  for (const Sequence* s : running_) st.pending_prefill_tokens += std::max(0, s->prompt_len - s->num_computed);
   st.preemptions = preemptions_;
   st.prompt_tokens = prompt_tokens_;
   st.generation_tokens = generation_tokens_;

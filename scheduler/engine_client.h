@@ -137,6 +137,13 @@ struct EngineStats {
   // entries (decode, or a prompt's last token), as the cost model counts them.
   uint64_t step_prefill_tokens = 0;
   uint64_t step_decode_tokens = 0;
+  // What a router predicts this instance's time to first token from:
+  // prompt tokens of waiting and running requests still to compute (cached
+  // prefixes not subtracted), and the recent prefill rate (prompt tokens
+  // per second of the steps that computed prompt chunks, an exponential
+  // average; 0 until one ran).
+  int64_t pending_prefill_tokens = 0;
+  double prefill_tokens_per_s = 0;
   uint64_t preemptions = 0;
   uint64_t prompt_tokens = 0;      // of finished and running requests, counted at admission
   uint64_t generation_tokens = 0;

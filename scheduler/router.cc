@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <vector>
 
 namespace strata::scheduler {
 
@@ -39,9 +40,11 @@ struct PolicyName {
   RoutingPolicy policy;
   std::string_view name;
 };
-constexpr std::array<PolicyName, 2> kPolicies = {{
+constexpr std::array<PolicyName, 4> kPolicies = {{
     {RoutingPolicy::kRoundRobin, "round-robin"},
     {RoutingPolicy::kLongestPrefix, "longest-prefix"},
+    {RoutingPolicy::kLeastLoaded, "least-loaded"},
+    {RoutingPolicy::kTtft, "ttft"},
 }};
 
 }  // namespace
@@ -64,21 +67,45 @@ std::string RoutingPolicyNames() {
   return s;
 }
 
+double PredictTtftSeconds(const RouteCandidate& c, double fallback_rate) {
+  const double rate = c.prefill_tokens_per_s > 0 ? c.prefill_tokens_per_s : fallback_rate;
+  if (rate <= 0) return -1;
+  return static_cast<double>(c.queue_tokens + c.uncached_tokens) / rate + c.load_seconds;
+}
+
 size_t Router::Pick(std::span<const RouteCandidate> candidates) {
   const size_t n = candidates.size();
   size_t target = turn_ % n;
-  if (policy_ == RoutingPolicy::kLongestPrefix && n > 1) {
-    int32_t best = -1;
-    for (size_t k = 0; k < n; ++k) {
-      const size_t j = (turn_ + k) % n;
-      const RouteCandidate& c = candidates[j];
-      if (c.cached_tokens > best || (c.cached_tokens == best && c.unfinished < candidates[target].unfinished)) {
-        best = c.cached_tokens;
-        target = j;
+  ++turn_;
+  if (n == 1 || policy_ == RoutingPolicy::kRoundRobin) return target;
+  const size_t first = target;
+  // A score per candidate, lower wins; ties: fewer unfinished, then turn order.
+  std::vector<double> score(n, 0);
+  if (policy_ == RoutingPolicy::kLongestPrefix) {
+    for (size_t j = 0; j < n; ++j) score[j] = -static_cast<double>(candidates[j].cached_tokens);
+  } else if (policy_ == RoutingPolicy::kTtft) {
+    double sum = 0;
+    int known = 0;
+    for (const RouteCandidate& c : candidates) {
+      if (c.prefill_tokens_per_s > 0) {
+        sum += c.prefill_tokens_per_s;
+        ++known;
       }
     }
+    if (known == 0) {
+      for (size_t j = 0; j < n; ++j) score[j] = static_cast<double>(candidates[j].unfinished);
+    } else {
+      for (size_t j = 0; j < n; ++j) score[j] = PredictTtftSeconds(candidates[j], sum / known);
+    }
+  } else {  // least-loaded
+    for (size_t j = 0; j < n; ++j) score[j] = static_cast<double>(candidates[j].unfinished);
   }
-  ++turn_;
+  for (size_t k = 1; k < n; ++k) {
+    const size_t j = (first + k) % n;
+    const RouteCandidate& c = candidates[j];
+    const RouteCandidate& t = candidates[target];
+    if (score[j] < score[target] || (score[j] == score[target] && c.unfinished < t.unfinished)) target = j;
+  }
   return target;
 }
 

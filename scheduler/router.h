@@ -44,32 +44,53 @@ struct CostModel {
 enum class RoutingPolicy {
   kRoundRobin,     // "round-robin": instances in turn
   kLongestPrefix,  // "longest-prefix": where most of the prompt is cached
+  kLeastLoaded,    // "least-loaded": the fewest unfinished requests
+  kTtft,           // "ttft": the lowest predicted time to first token (PredictTtftSeconds)
 };
 
 // The one table of policy names (config files, flags, reports).
 std::string_view RoutingPolicyName(RoutingPolicy p);
 std::optional<RoutingPolicy> RoutingPolicyFromName(std::string_view name);
-// "round-robin, longest-prefix", for error messages.
+// "round-robin, longest-prefix, least-loaded, ttft", for error messages.
 std::string RoutingPolicyNames();
 
 // What the router knows about one instance when a request arrives.
 struct RouteCandidate {
-  int32_t cached_tokens = 0;  // prompt tokens the instance holds (any tier); longest-prefix only
+  int32_t cached_tokens = 0;  // prompt tokens the instance holds (any tier); longest-prefix and ttft
   int unfinished = 0;         // requests it has not finished
+  // ttft only: prompt tokens of this request it would compute (the prompt
+  // less cached_tokens), prompt tokens queued ahead of it there, its
+  // prefill rate (tokens/s; 0 = not known yet), and the seconds to fetch
+  // the cached part from where it lies (lower tiers, peers).
+  int64_t uncached_tokens = 0;
+  int64_t queue_tokens = 0;
+  double prefill_tokens_per_s = 0;
+  double load_seconds = 0;
 };
+
+// Predicted time to first token at `c`:
+//   (queue_tokens + uncached_tokens) / rate + load_seconds,
+// with `c`'s prefill rate, or `fallback_rate` when it has none; a negative
+// value when neither is known.
+double PredictTtftSeconds(const RouteCandidate& c, double fallback_rate);
 
 class Router {
  public:
   explicit Router(RoutingPolicy policy) : policy_(policy) {}
   RoutingPolicy policy() const { return policy_; }
   // Whether Pick reads cached_tokens (else the caller need not ask the
-  // instances' caches).
-  bool needs_cached_tokens() const { return policy_ == RoutingPolicy::kLongestPrefix; }
+  // instances' caches) and, for ttft, the other candidate fields.
+  bool needs_cached_tokens() const {
+    return policy_ == RoutingPolicy::kLongestPrefix || policy_ == RoutingPolicy::kTtft;
+  }
 
   // The index of the instance for the next request. round-robin: in turn.
   // longest-prefix: the most cached tokens; a tie goes to the fewer
-  // unfinished requests, then to the first in turn order. Every call
-  // advances the turn. REQUIRES: candidates not empty.
+  // unfinished requests, then to the first in turn order. least-loaded:
+  // the fewest unfinished, ties in turn. ttft: the lowest
+  // PredictTtftSeconds (an unknown rate takes the mean of the known ones;
+  // none known: least-loaded); ties as longest-prefix. Every call advances
+  // the turn. REQUIRES: candidates not empty.
   size_t Pick(std::span<const RouteCandidate> candidates);
 
  private:

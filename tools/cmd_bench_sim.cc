@@ -312,7 +312,9 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
   sim->add_option("--instances", f->instances, "override the cluster's instance count")->check(CLI::Range(1, 4096));
   sim->add_option("--routing", f->routing, "override the cluster's routing")
       ->check(CLI::IsMember({std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kRoundRobin)),
-                             std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kLongestPrefix))}));
+                             std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kLongestPrefix)),
+                             std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kLeastLoaded)),
+                             std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kTtft))}));
   sim->add_option("--device-bytes", f->device_bytes, "override each instance's device KV pool (e.g. 40G)");
   sim->add_option("--host-bytes", f->host_bytes, "override each instance's host tier (0 = none)");
   sim->add_option("--disk-bytes", f->disk_bytes, "override each instance's disk tier (0 = none)");

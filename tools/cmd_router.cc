@@ -22,6 +22,7 @@
 #include <string>
 
 #include "cluster/pd_router.h"
+#include "scheduler/router.h"
 #include "common/logging.h"
 #include "model/model_loader.h"
 #include "server/admin_routes.h"
@@ -56,6 +57,7 @@ struct RouterFlags {
   int max_n = 16;
   int64_t lease_ms = 30000;
   int max_attempts = 4;
+  std::string routing = "least-loaded";
   double shutdown_grace_seconds = 30;
   int io_threads = 2;
   double write_timeout_seconds = 30;
@@ -149,6 +151,7 @@ int Run(const RouterFlags& f) {
   if (!internal.empty()) ro.auth.emplace_back("Authorization", "Bearer " + internal);
   ro.lease_ms = f.lease_ms;
   ro.max_attempts = f.max_attempts;
+  ro.routing = *scheduler::RoutingPolicyFromName(f.routing);  // IsMember checked it
   cluster::PdRouter router([c = meta->get()] { return c->List(); }, ro);
 
   server::ServiceOptions so;
@@ -193,9 +196,9 @@ int Run(const RouterFlags& f) {
     grpc = std::move(*g);
   }
   const int grpc_port = grpc ? grpc->port() : -1;
-  STRATA_LOG_INFO("router for model '{}' (tokenizer of {}): HTTP {}:{}, gRPC {}, instances from {}", name, m.path,
-                  f.host, (*http)->port(), grpc_port >= 0 ? f.host + ":" + std::to_string(grpc_port) : "off",
-                  f.metadata);
+  STRATA_LOG_INFO("router for model '{}' (tokenizer of {}): HTTP {}:{}, gRPC {}, instances from {}, routing {}", name,
+                  m.path, f.host, (*http)->port(), grpc_port >= 0 ? f.host + ":" + std::to_string(grpc_port) : "off",
+                  f.metadata, f.routing);
   if (!f.port_file.empty()) {
     if (Status s = WritePortFile(f.port_file, (*http)->port(), grpc_port, -1, meta_http ? meta_http->port() : -1);
         !s.ok())
@@ -253,6 +256,11 @@ void RegisterRouter(CLI::App& app, int* exit_code) {
   cmd->add_option("--lease-ms", f->lease_ms,
                   "lease of a decode reservation: the prefill and its block writes must finish within it")
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
+      ->capture_default_str();
+  cmd->add_option("--routing", f->routing,
+                  "how instances are chosen: least-loaded, round-robin, longest-prefix (most of the prompt cached), "
+                  "ttft (lowest predicted time to first token: queue and uncached tokens over the measured rate)")
+      ->check(CLI::IsMember({"least-loaded", "round-robin", "longest-prefix", "ttft"}))
       ->capture_default_str();
   cmd->add_option("--max-attempts", f->max_attempts,
                   "handoffs tried per request (a failed prefill or a broken decode stream starts another)")

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cluster/pd_decode.h"
+#include "cluster/pd_lookup.h"
 #include "cluster/pd_prefill.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -395,12 +396,13 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       if (pd_decode) pd_decode->SetObserver(observe);
       if (pd_prefill) pd_prefill->SetObserver(observe);
     }
-    service.SetInternalRoutes([p = kv_pool.get(), d = pd_decode.get(), pf = pd_prefill.get()](
+    service.SetInternalRoutes([p = kv_pool.get(), d = pd_decode.get(), pf = pd_prefill.get(), e = engine->get()](
                                   const server::HttpRequest& r, const std::shared_ptr<server::ResponseWriter>& w) {
       cluster::ReplyFn reply = [w](int status, std::string body) {
         w->Send(status, "application/json", std::move(body));
       };
       if (r.path.rfind("/internal/pd/", 0) == 0) {
+        if (cluster::HandlePdLookup(e, r.method, r.path, r.body, reply)) return true;
         if (pf != nullptr && pf->Handle(r.method, r.path, r.body, reply)) return true;
         cluster::StreamReply stream{[w](int status, std::string type) { w->StartStream(status, std::move(type)); },
                                     [w](std::string data) { return w->Write(std::move(data)); }, [w] { w->End(); },

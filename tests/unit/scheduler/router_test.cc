@@ -36,13 +36,57 @@ TEST(CostModelTest, StepCostFormula) {
 }
 
 TEST(RouterTest, PolicyNamesRoundTripAndUnknownNamesAreRefused) {
-  for (RoutingPolicy p : {RoutingPolicy::kRoundRobin, RoutingPolicy::kLongestPrefix})
+  for (RoutingPolicy p : {RoutingPolicy::kRoundRobin, RoutingPolicy::kLongestPrefix, RoutingPolicy::kLeastLoaded,
+                          RoutingPolicy::kTtft})
     EXPECT_EQ(RoutingPolicyFromName(RoutingPolicyName(p)), p);
   EXPECT_EQ(RoutingPolicyName(RoutingPolicy::kRoundRobin), "round-robin");
   EXPECT_EQ(RoutingPolicyName(RoutingPolicy::kLongestPrefix), "longest-prefix");
   EXPECT_FALSE(RoutingPolicyFromName("random").has_value());
   EXPECT_FALSE(RoutingPolicyFromName("").has_value());
-  EXPECT_EQ(RoutingPolicyNames(), "round-robin, longest-prefix");
+  EXPECT_EQ(RoutingPolicyNames(), "round-robin, longest-prefix, least-loaded, ttft");
+}
+
+TEST(RouterTest, LeastLoadedTakesTheFewestUnfinishedTiesInTurn) {
+  Router r(RoutingPolicy::kLeastLoaded);
+  EXPECT_FALSE(r.needs_cached_tokens());
+  EXPECT_EQ(r.Pick(std::vector<RouteCandidate>{{100, 3}, {0, 1}, {7, 2}}), 1u);
+  // All equal: in turn.
+  const std::vector<RouteCandidate> equal = {{0, 2}, {0, 2}, {0, 2}};
+  std::vector<size_t> got;
+  for (int i = 0; i < 3; ++i) got.push_back(r.Pick(equal));
+  EXPECT_EQ(got, (std::vector<size_t>{1, 2, 0}));
+}
+
+RouteCandidate Ttft(int64_t uncached, int64_t queue, double rate, int unfinished = 0, double load = 0) {
+  RouteCandidate c;
+  c.uncached_tokens = uncached;
+  c.queue_tokens = queue;
+  c.prefill_tokens_per_s = rate;
+  c.unfinished = unfinished;
+  c.load_seconds = load;
+  return c;
+}
+
+TEST(RouterTest, TtftPredictsFromTheQueueTheUncachedPartAndTheRate) {
+  EXPECT_DOUBLE_EQ(PredictTtftSeconds(Ttft(300, 700, 1000), 0), 1.0);
+  EXPECT_DOUBLE_EQ(PredictTtftSeconds(Ttft(100, 0, 0), 200), 0.5) << "an unknown rate takes the fallback";
+  EXPECT_DOUBLE_EQ(PredictTtftSeconds(Ttft(100, 0, 1000, 0, 0.25), 0), 0.35) << "plus the fetch time";
+  EXPECT_LT(PredictTtftSeconds(Ttft(100, 0, 0), 0), 0) << "nothing known";
+}
+
+TEST(RouterTest, TtftWeighsCacheAffinityAgainstLoadAndSpeed) {
+  Router r(RoutingPolicy::kTtft);
+  EXPECT_TRUE(r.needs_cached_tokens());
+  // A fast instance with an empty queue beats a slow one.
+  EXPECT_EQ(r.Pick(std::vector<RouteCandidate>{Ttft(1000, 0, 1000), Ttft(1000, 0, 4000)}), 1u);
+  // The fast one's queue makes the slow one quicker: no spiral onto one instance.
+  EXPECT_EQ(r.Pick(std::vector<RouteCandidate>{Ttft(1000, 0, 1000), Ttft(1000, 8000, 4000)}), 0u);
+  // Cached where the slow one is: computing 100 tokens there beats 2000 here.
+  EXPECT_EQ(r.Pick(std::vector<RouteCandidate>{Ttft(100, 0, 1000), Ttft(2000, 0, 4000)}), 0u);
+  // A rate not known yet takes the mean of the known ones.
+  EXPECT_EQ(r.Pick(std::vector<RouteCandidate>{Ttft(1000, 0, 0), Ttft(1000, 1000, 2000)}), 0u);
+  // No rate known at all: least loaded.
+  EXPECT_EQ(r.Pick(std::vector<RouteCandidate>{Ttft(10, 0, 0, 3), Ttft(10, 0, 0, 1)}), 1u);
 }
 
 TEST(RouterTest, RoundRobinTakesTurnsWhateverIsCached) {
