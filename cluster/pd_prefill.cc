@@ -61,7 +61,8 @@ PdPrefillStats PdPrefill::stats() const {
   return stats_;
 }
 
-bool PdPrefill::Handle(const std::string& method, const std::string& path, const std::string& body, ReplyFn reply) {
+bool PdPrefill::Handle(const std::string& method, const std::string& path, const std::string& body, ReplyFn reply,
+                       std::function<void(std::function<void()>)> on_close) {
   if (method != "POST" || path != "/internal/pd/prefill") return false;
   if (draining_.load()) return reply(503, ErrorJson("the instance is draining: prefill elsewhere")), true;
   auto req = PrefillRequestFromJson(body);
@@ -108,7 +109,7 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
     if (f->answer.output.finish_reason != FinishReason::kPaused) {
       // Ended at its first token (a stop, the length, an error): nothing to
       // hand over; the worker still waits for writes already queued.
-      {
+      if (f->answer.output.finish_reason != FinishReason::kAbort) {
         std::lock_guard lock(mu_);
         ++stats_.finished_early;
       }
@@ -126,6 +127,18 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
     return true;
   }
   f->engine_id.store(id->value());
+  if (on_close) {
+    std::weak_ptr<Flight> weak = f;
+    on_close([this, weak] {
+      auto fl = weak.lock();
+      if (!fl) return;
+      {
+        std::lock_guard lock(mu_);
+        ++stats_.abandoned;
+      }
+      engine_->Cancel(RequestId(fl->engine_id.load()));  // its final event ends the flight as usual
+    });
+  }
   return true;
 }
 

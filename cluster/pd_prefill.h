@@ -42,6 +42,7 @@ struct PdPrefillStats {
   uint64_t bytes_written = 0;
   uint64_t write_failures = 0;    // handoffs where some block did not land
   uint64_t finished_early = 0;    // requests that ended at their first token (nothing to hand over)
+  uint64_t abandoned = 0;         // requests cancelled because the caller hung up before the answer
 };
 
 class PdPrefill {
@@ -65,8 +66,12 @@ class PdPrefill {
   PdPrefill(const PdPrefill&) = delete;
   PdPrefill& operator=(const PdPrefill&) = delete;
 
-  // Serves POST /internal/pd/prefill; false for other paths.
-  bool Handle(const std::string& method, const std::string& path, const std::string& body, ReplyFn reply);
+  // Serves POST /internal/pd/prefill; false for other paths. `on_close`
+  // (optional) registers a callback the server runs if the caller hangs up
+  // before the answer: the request is cancelled (a router that left, or
+  // gave up on this instance, wastes no more compute here).
+  bool Handle(const std::string& method, const std::string& path, const std::string& body, ReplyFn reply,
+              std::function<void(std::function<void()>)> on_close = {});
   PdPrefillStats stats() const;
 
  private:

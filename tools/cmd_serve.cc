@@ -403,7 +403,9 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       };
       if (r.path.rfind("/internal/pd/", 0) == 0) {
         if (cluster::HandlePdLookup(e, r.method, r.path, r.body, reply)) return true;
-        if (pf != nullptr && pf->Handle(r.method, r.path, r.body, reply)) return true;
+        if (pf != nullptr && pf->Handle(r.method, r.path, r.body, reply,
+                                        [w](std::function<void()> f) { w->OnClose(std::move(f)); }))
+          return true;
         cluster::StreamReply stream{[w](int status, std::string type) { w->StartStream(status, std::move(type)); },
                                     [w](std::string data) { return w->Write(std::move(data)); }, [w] { w->End(); },
                                     [w](std::function<void()> f) { w->OnClose(std::move(f)); }, reply};

@@ -363,6 +363,8 @@ std::string RenderPdMetrics(const cluster::PdDecode* decode, const cluster::PdPr
            p.blocks_early);
     family("strata_pd_bytes_sent_total", "counter", "Prefill side: KV bytes written to decode instances.",
            p.bytes_written);
+    family("strata_pd_prefills_abandoned_total", "counter",
+           "Prefill side: requests cancelled because the router hung up before the answer.", p.abandoned);
     family("strata_pd_send_failures_total", "counter", "Prefill side: handoffs where some block did not land.",
            p.write_failures);
     family("strata_pd_finished_at_prefill_total", "counter",

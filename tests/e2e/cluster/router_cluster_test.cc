@@ -241,6 +241,12 @@ TEST(RouterFaults, AClientThatHangsUpMidPrefillOrMidDecodeFreesEveryBlock) {
   });
   EXPECT_EQ(Gauge(md, "strata_requests_total", R"(finish_reason="abort")"), 1) << md << c.router->stderr_tail();
   EXPECT_EQ(Gauge(md, "strata_requests_total", R"(finish_reason="length")"), -1) << "nothing ran to its end";
+  // The prefill instance cancelled the prompt whose router left.
+  const std::string mp = WaitForMetrics(c.prefill[0]->http_port(), [](const std::string& t) {
+    return Gauge(t, "strata_pd_prefills_abandoned_total") >= 1;
+  });
+  EXPECT_EQ(Gauge(mp, "strata_pd_prefills_abandoned_total"), 1);
+  EXPECT_EQ(Gauge(mp, "strata_requests_total", R"(finish_reason="abort")"), 1);
   // The router is still serving.
   const auto after = PostJson(rp, "/v1/completions", json{{"model", "tiny"}, {"prompt", "Hello"}, {"max_tokens", 3}});
   EXPECT_EQ(after.status, 200) << after.raw;
