@@ -9,6 +9,8 @@
 #          [--port P] [--grpc-port G] [--metadata-port M] [-- flags for every strata serve]
 # Without --model: the synthetic default model (RANDOM weights). Clients talk
 # to the router only; docs/disaggregation.md explains the pieces.
+# With STRATA_BIN=/path/to/strata, that binary runs and the set-up is skipped
+# (the tests use it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,10 +29,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bash scripts/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-ninja -C build strata
-bin=./build/tools/strata
+if [ -n "${STRATA_BIN:-}" ]; then
+  bin="$STRATA_BIN"
+else
+  bash scripts/install-deps.sh
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  ninja -C build strata
+  bin=./build/tools/strata
+fi
 url="strata://127.0.0.1:${meta}"
 model_args=()
 [ -n "$model" ] && model_args=(--model "$model")
