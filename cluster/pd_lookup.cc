@@ -25,6 +25,7 @@ bool HandlePdLookup(scheduler::EngineClient* engine, const std::string& method, 
         a.device_cached_tokens = m.tokens_by_tier.empty() ? 0 : m.tokens_by_tier[0];
         a.pending_prefill_tokens = stats.pending_prefill_tokens;
         a.prefill_tokens_per_s = stats.prefill_tokens_per_s;
+        a.decode_step_seconds = stats.decode_step_seconds;
         a.running = stats.num_running;
         a.waiting = stats.num_waiting;
         reply(200, LookupReplyToJson(a));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <random>
 #include <tuple>
 
@@ -56,6 +57,7 @@ struct PdRouter::Flight {
   int32_t cached_tokens = 0;
   std::vector<int32_t> cached_by_kind;  // indexed like tier_kinds_
   bool finished = false;                // the final event was delivered
+  double predicted_ttft = -1;           // of the instance first chosen (seconds; -1: not known)
   bool cancel_sent = false;             // Cancel was asked for (its final event is "abort")
 
   std::mutex mu;  // the fields below
@@ -167,7 +169,7 @@ std::vector<PdInstance> PdRouter::instances() const {
 }
 
 bool PdRouter::Pick(const Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
-                    PdInstance* out) {
+                    PdInstance* out, std::pair<double, double>* predicted) {
   // The candidates: the role, not excluded; instances not avoided (after a
   // failure) and not the other phase's instance first, when there are such.
   std::vector<PdInstance> cands;
@@ -188,8 +190,11 @@ bool PdRouter::Pick(const Flight& f, Phase phase, const std::set<std::string>& e
   if (cands.empty()) return false;
   scheduler::Router& router = phase == Phase::kPrefill ? prefill_router_ : decode_router_;
   std::vector<scheduler::RouteCandidate> rc(cands.size());
+  std::vector<double> tpot(cands.size(), 0);
   for (size_t i = 0; i < cands.size(); ++i) rc[i].unfinished = phase == Phase::kPrefill ? cands[i].prefilling : cands[i].decoding;
-  if (router.needs_cached_tokens() && cands.size() > 1) {
+  const bool slo = phase == Phase::kPrefill ? options_.slo_ttft_seconds > 0 : options_.slo_tpot_seconds > 0;
+  const bool looked = (router.needs_cached_tokens() && cands.size() > 1) || slo;
+  if (looked) {
     // What each candidate holds of the prompt, its queue and rate.
     const std::string q = LookupRequestToJson({f.request.prompt, f.request.cache_salt});
     const auto prompt = static_cast<int64_t>(f.request.prompt.size());
@@ -201,11 +206,34 @@ bool PdRouter::Pick(const Flight& f, Phase phase, const std::set<std::string>& e
       rc[i].uncached_tokens = std::max<int64_t>(0, prompt - rc[i].cached_tokens);
       rc[i].queue_tokens = a->pending_prefill_tokens;
       rc[i].prefill_tokens_per_s = a->prefill_tokens_per_s;
+      tpot[i] = a->decode_step_seconds;
     }
   }
   std::lock_guard lock(mu_);
   const size_t k = router.Pick(rc);
   *out = cands[k];
+  if (predicted != nullptr) {
+    // Predictions need the lookups: prefill TTFT (an unknown rate takes
+    // the mean of the known ones), decode the recent decode step time.
+    double sum = 0;
+    int known = 0;
+    for (const auto& c : rc) {
+      if (c.prefill_tokens_per_s <= 0) continue;
+      sum += c.prefill_tokens_per_s;
+      ++known;
+    }
+    auto pred = [&](size_t i) {
+      if (!looked) return -1.0;
+      if (phase == Phase::kDecode) return tpot[i] > 0 ? tpot[i] : -1.0;
+      return scheduler::PredictTtftSeconds(rc[i], known > 0 ? sum / known : 0);
+    };
+    double best = -1;
+    for (size_t i = 0; i < rc.size(); ++i) {
+      const double v = pred(i);
+      if (v >= 0 && (best < 0 || v < best)) best = v;
+    }
+    *predicted = {best, pred(k)};
+  }
   for (PdInstance& p : instances_) {
     if (p.name == out->name) (phase == Phase::kPrefill ? p.prefilling : p.decoding) += 1;
   }
@@ -371,7 +399,18 @@ bool PdRouter::Deliver(Flight& f, RequestOutput ev) {
     return false;
   }
   const int64_t now = Now();
-  if (had_tokens && f.splicer.delivered_tokens() > 0 && f.first_token == 0) f.first_token = now;
+  if (had_tokens && f.splicer.delivered_tokens() > 0 && f.first_token == 0) {
+    f.first_token = now;
+    if (f.predicted_ttft > 0) {
+      const double ratio = static_cast<double>(now - f.arrival) * 1e-9 / f.predicted_ttft;
+      size_t b = 0;
+      while (b < std::size(kTtftRatioBounds) && ratio > kTtftRatioBounds[b]) ++b;
+      std::lock_guard lock(mu_);
+      ++stats_.ttft_ratio_buckets[b];
+      stats_.ttft_ratio_sum += ratio;
+      ++stats_.ttft_ratio_count;
+    }
+  }
   ev.id = f.id;
   ev.continuation.reset();
   ev.prompt_tokens = f.prompt_tokens;
@@ -390,6 +429,25 @@ bool PdRouter::Deliver(Flight& f, RequestOutput ev) {
     ++stats_.finished_by_reason[std::string(FinishReasonName(ev.finish_reason))];
   }
   f.sink(std::move(ev));
+  return true;
+}
+
+bool PdRouter::Refused(Flight& f, double best_ttft, double best_tpot, Status* why) {
+  char msg[256];
+  if (options_.slo_ttft_seconds > 0 && best_ttft > options_.slo_ttft_seconds) {
+    std::snprintf(msg, sizeof(msg), "%s: the best predicted time to first token is %.3f s, over the SLO of %.3f s",
+                  scheduler::kSloUnattainable.data(), best_ttft, options_.slo_ttft_seconds);
+    std::lock_guard lock(mu_);
+    ++stats_.refused_slo_ttft;
+  } else if (options_.slo_tpot_seconds > 0 && best_tpot > options_.slo_tpot_seconds) {
+    std::snprintf(msg, sizeof(msg), "%s: the best predicted time per output token is %.4f s, over the SLO of %.4f s",
+                  scheduler::kSloUnattainable.data(), best_tpot, options_.slo_tpot_seconds);
+    std::lock_guard lock(mu_);
+    ++stats_.refused_slo_tpot;
+  } else {
+    return false;
+  }
+  *why = Status::ResourceExhausted(msg);
   return true;
 }
 
@@ -441,14 +499,15 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   std::set<std::string>* bad_prefill = &tried->prefill;
   std::set<std::string>* bad_decode = &tried->decode;
   PdInstance p, d;
-  if (!Pick(f, Phase::kPrefill, *bad_prefill, "", &p)) {
+  std::pair<double, double> ttft{-1, -1}, tpot{-1, -1};
+  if (!Pick(f, Phase::kPrefill, *bad_prefill, "", &p, &ttft)) {
     *why = Status::Unavailable("no prefill instance of model '" + options_.model + "' is available" +
                                (bad_prefill->empty() ? "" : " (every one failed or refused)"));
     return true;
   }
   std::set<std::string> excluded = *bad_decode;
   excluded.insert(tried->not_now.begin(), tried->not_now.end());
-  if (!Pick(f, Phase::kDecode, excluded, p.name, &d)) {
+  if (!Pick(f, Phase::kDecode, excluded, p.name, &d, &tpot)) {
     Unload(Phase::kPrefill, p.name);
     const int64_t waited_ms = (Now() - f.arrival) / 1000000;
     if (!tried->not_now.empty() && waited_ms < options_.queue_timeout.count()) {
@@ -464,6 +523,15 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
                                (tried->not_now.empty() ? (bad_decode->empty() ? "" : " (every one failed)")
                                                        : " (their KV pools stayed full for the queue timeout)"));
     return true;
+  }
+  if (f.first_token == 0 && f.splicer.delivered_tokens() == 0) {
+    // Nothing delivered yet: the request may still be refused by its SLO.
+    if (Refused(f, ttft.first, tpot.first, why)) {
+      Unload(Phase::kPrefill, p.name);
+      Unload(Phase::kDecode, d.name);
+      return true;
+    }
+    if (f.predicted_ttft < 0) f.predicted_ttft = ttft.second;
   }
   const uint64_t rid = next_reservation_.fetch_add(1);
   ReserveRequest q{rid, f.request.prompt, f.request.cache_salt, options_.lease_ms, p.name};

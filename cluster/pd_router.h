@@ -44,8 +44,10 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <iterator>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/http_client.h"
@@ -102,7 +104,20 @@ struct PdRouterOptions {
   // /internal/pd/lookup); the decode instance by the same policy, except
   // that ttft picks the decode instance holding most of the prompt.
   scheduler::RoutingPolicy routing = scheduler::RoutingPolicy::kLeastLoaded;
+  // Service levels (0 = none). A request whose best predicted time to
+  // first token (over the prefill candidates: PredictTtftSeconds from
+  // their lookups) or time per output token (the decode candidates'
+  // recent decode step time) exceeds its level is refused at once: a final
+  // kError event, ResourceExhausted, message starting with
+  // scheduler::kSloUnattainable and giving the figures. Unknown figures
+  // (no rate measured yet) admit.
+  double slo_ttft_seconds = 0;
+  double slo_tpot_seconds = 0;
 };
+
+// Upper bounds of the buckets of observed ÷ predicted time to first token
+// (PdRouterStats::ttft_ratio_buckets; one more bucket for the rest).
+inline constexpr double kTtftRatioBounds[] = {0.25, 0.5, 0.75, 0.9, 1.1, 1.33, 2, 4};
 
 struct PdRouterStats {
   uint64_t requests = 0;            // submitted
@@ -112,6 +127,13 @@ struct PdRouterStats {
   uint64_t not_now = 0;             // reservations a decode instance refused for now (503)
   uint64_t replay_mismatches = 0;   // resumed streams that differed from what was delivered (error)
   uint64_t no_instance = 0;         // requests that failed: no instance could serve them
+  uint64_t refused_slo_ttft = 0;    // refused: predicted TTFT over the SLO
+  uint64_t refused_slo_tpot = 0;    // refused: predicted TPOT over the SLO
+  // Observed ÷ predicted TTFT of requests whose prediction was known:
+  // counts per kTtftRatioBounds bucket (+1 for larger), their sum and count.
+  std::vector<uint64_t> ttft_ratio_buckets = std::vector<uint64_t>(std::size(kTtftRatioBounds) + 1, 0);
+  double ttft_ratio_sum = 0;
+  uint64_t ttft_ratio_count = 0;
   std::map<std::string, uint64_t> finished_by_reason;
   int in_flight = 0;
   std::map<std::string, uint64_t> prefills_by_instance;  // prefill calls answered 200
@@ -188,8 +210,11 @@ class PdRouter final : public scheduler::EngineClient {
   // phase's instance); asks the candidates' /internal/pd/lookup when the
   // policy reads caches (decode: the device blocks held). Counts it as
   // loaded. False: no candidate.
+  // `predicted` (optional): {best over the candidates, the chosen one's}
+  // prediction (prefill: TTFT seconds; decode: seconds per output token),
+  // -1 where not known.
   bool Pick(const Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
-            PdInstance* out);
+            PdInstance* out, std::pair<double, double>* predicted = nullptr);
   void Unload(Phase phase, const std::string& name);
   void Avoid(const std::string& name);
   // A blocking call on the flight's connection (aborted by Cancel).
@@ -200,6 +225,8 @@ class PdRouter final : public scheduler::EngineClient {
   // when the replay differed (the flight then ends with an error).
   bool Deliver(Flight& f, scheduler::RequestOutput ev);
   void Final(Flight& f, FinishReason reason, const Status& status);
+  // True (and `why` says so) when the best predictions miss an SLO.
+  bool Refused(Flight& f, double best_ttft, double best_tpot, Status* why);
   void MembershipLoop();
   void Reap();
 

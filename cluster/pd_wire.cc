@@ -460,6 +460,7 @@ std::string LookupReplyToJson(const LookupReply& r) {
               {"device_cached_tokens", r.device_cached_tokens},
               {"pending_prefill_tokens", r.pending_prefill_tokens},
               {"prefill_tokens_per_s", r.prefill_tokens_per_s},
+              {"decode_step_seconds", r.decode_step_seconds},
               {"running", r.running},
               {"waiting", r.waiting}}
       .dump();
@@ -471,6 +472,7 @@ Result<LookupReply> LookupReplyFromJson(const std::string& text) {
     a.device_cached_tokens = r.Int<int32_t>("device_cached_tokens");
     a.pending_prefill_tokens = r.Int<int64_t>("pending_prefill_tokens");
     a.prefill_tokens_per_s = r.Num("prefill_tokens_per_s", 0);
+    a.decode_step_seconds = r.Num("decode_step_seconds", 0);
     a.running = r.Int<int>("running");
     a.waiting = r.Int<int>("waiting");
     return a;

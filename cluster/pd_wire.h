@@ -92,6 +92,7 @@ struct LookupReply {
   int32_t device_cached_tokens = 0;    // of them, in its device pool (a decode instance need not be sent these)
   int64_t pending_prefill_tokens = 0;  // EngineStats::pending_prefill_tokens
   double prefill_tokens_per_s = 0;     // EngineStats::prefill_tokens_per_s (0: not known yet)
+  double decode_step_seconds = 0;      // EngineStats::decode_step_seconds (0: not known yet)
   int running = 0;
   int waiting = 0;
 };

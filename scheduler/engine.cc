@@ -637,6 +637,9 @@ Result<bool> Engine::Step() {
     if (out.prefill_tokens >= 8 && nanos > 0) {
       const double sample = static_cast<double>(out.prefill_tokens) * 1e9 / static_cast<double>(nanos);
       prefill_rate_ = prefill_rate_ > 0 ? 0.7 * prefill_rate_ + 0.3 * sample : sample;
+    } else if (out.prefill_tokens == 0 && out.decode_tokens > 0) {
+      const double sample = static_cast<double>(nanos) * 1e-9;
+      decode_step_s_ = decode_step_s_ > 0 ? 0.7 * decode_step_s_ + 0.3 * sample : sample;
     }
   }
   RefreshStats();
@@ -653,6 +656,7 @@ void Engine::RefreshStats() {
   st.step_prefill_tokens = step_prefill_tokens_;
   st.step_decode_tokens = step_decode_tokens_;
   st.prefill_tokens_per_s = prefill_rate_;
+  st.decode_step_seconds = decode_step_s_;
   for (const Sequence* s : waiting_) st.pending_prefill_tokens += s->remaining();
   for (const Sequence* s : running_) st.pending_prefill_tokens += std::max(0, s->prompt_len - s->num_computed);
   st.preemptions = preemptions_;

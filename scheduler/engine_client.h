@@ -115,6 +115,11 @@ struct RequestOutput {
 
 using OutputSink = std::function<void(RequestOutput&&)>;
 
+// A request refused because no instance is predicted to meet its service
+// level (a router's --slo) ends with kError and a ResourceExhausted status
+// whose message starts with this; front ends answer 429 with this code.
+inline constexpr std::string_view kSloUnattainable = "slo_unattainable";
+
 struct TierUsage {
   std::string name;             // "device", then the configured lower tiers' names
   kvcache::TierKind kind = kvcache::TierKind::kDevice;
@@ -144,6 +149,10 @@ struct EngineStats {
   // average; 0 until one ran).
   int64_t pending_prefill_tokens = 0;
   double prefill_tokens_per_s = 0;
+  // Seconds of a recent step that computed decode tokens only (an
+  // exponential average; 0 until one ran): the time per output token at
+  // the current batch.
+  double decode_step_seconds = 0;
   uint64_t preemptions = 0;
   uint64_t prompt_tokens = 0;      // of finished and running requests, counted at admission
   uint64_t generation_tokens = 0;

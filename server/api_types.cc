@@ -63,6 +63,9 @@ ApiError ApiError::Overloaded(std::string message) {
 ApiError ApiError::Unavailable(std::string message) {
   return Make(503, "service_unavailable_error", std::move(message), {}, "service_unavailable");
 }
+ApiError ApiError::SloUnattainable(std::string message) {
+  return Make(429, "rate_limit_error", std::move(message), {}, "slo_unattainable");
+}
 ApiError ApiError::Internal(std::string message) {
   return Make(500, "server_error", std::move(message), {}, "internal_error");
 }

@@ -42,6 +42,9 @@ struct ApiError {
   static ApiError Overloaded(std::string message);      // 429 "rate_limit_error", code "server_overloaded"
   static ApiError Unavailable(std::string message);     // 503 "service_unavailable_error"
   static ApiError Internal(std::string message);        // 500 "server_error"
+  // 429 "rate_limit_error", code "slo_unattainable": no instance is
+  // predicted to meet the request's service level (a router's --slo).
+  static ApiError SloUnattainable(std::string message);
 };
 
 enum class ApiKind { kChat, kCompletion };

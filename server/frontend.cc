@@ -264,4 +264,14 @@ std::optional<ApiError> Frontend::Detokenize(std::span<const int32_t> tokens,
   return std::nullopt;
 }
 
+ApiError FinalEventError(const scheduler::RequestOutput& ev) {
+  if (ev.finish_reason == FinishReason::kError) {
+    if (ev.status.code() == StatusCode::kResourceExhausted && ev.status.message().starts_with(scheduler::kSloUnattainable))
+      return ApiError::SloUnattainable(ev.status.message());
+    return ApiError::Internal("generation failed: " + ev.status.message());
+  }
+  return ApiError::Unavailable("the request was aborted: " +
+                               (ev.status.ok() ? std::string("cancelled") : ev.status.message()));
+}
+
 }  // namespace strata::server

@@ -32,6 +32,11 @@ class RequestObserver {
   virtual void OnFrontendTime(double seconds) {}
 };
 
+// The API error for a final event that failed (kError or kAbort): 429
+// slo_unattainable for a request no instance could serve within its SLO
+// (scheduler::kSloUnattainable), 500 for other errors, 503 for an abort.
+ApiError FinalEventError(const scheduler::RequestOutput& ev);
+
 struct FrontendOptions {
   std::string served_model_name;  // the only accepted `model` value
   int max_n = 16;                 // largest n accepted

@@ -431,8 +431,9 @@ class StreamReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse
       if (ev.finished) {
         --st->unfinished;
         if (ev.finish_reason == FinishReason::kError) {
-          STRATA_LOG_ERROR("grpc: generation failed: {}", ev.status.ToString());
-          SetFinal(*st, grpc::Status(grpc::StatusCode::INTERNAL, "generation failed: " + ev.status.message()));
+          const ApiError e = FinalEventError(ev);
+          if (e.http_status >= 500) STRATA_LOG_ERROR("grpc: generation failed: {}", ev.status.ToString());
+          SetFinal(*st, grpc::Status(static_cast<grpc::StatusCode>(e.grpc_code()), e.message));
           fail = true;
         } else {
           pb::GenerateResponse& msg = st->queue.emplace_back();

@@ -173,11 +173,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     finish_reason_ = ev.finish_reason;
     LogFields();
     if (w_->closed()) return;  // the client left (that is what cancelled it)
-    ApiError e = ev.finish_reason == FinishReason::kError
-                     ? ApiError::Internal("generation failed: " + ev.status.message())
-                     : ApiError::Unavailable(
-                           "the request was aborted: " +
-                           (ev.status.ok() ? std::string("cancelled") : ev.status.message()));
+    const ApiError e = FinalEventError(ev);
     if (!stream_started_) {
       SendApiError(*w_, e);
       return;

@@ -16,7 +16,9 @@
 
 #include <signal.h>
 
+#include <charconv>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -58,10 +60,44 @@ struct RouterFlags {
   int64_t lease_ms = 30000;
   int max_attempts = 4;
   std::string routing = "least-loaded";
+  std::string slo;
   double shutdown_grace_seconds = 30;
   int io_threads = 2;
   double write_timeout_seconds = 30;
 };
+
+// "ttft=2s,tpot=100ms" (units s or ms; either part may be left out).
+Status ParseSlo(const std::string& text, double* ttft, double* tpot) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string part = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    const size_t eq = part.find('=');
+    const std::string key = part.substr(0, eq);
+    std::string value = eq == std::string::npos ? "" : part.substr(eq + 1);
+    double scale = 1;
+    if (value.ends_with("ms")) {
+      scale = 1e-3;
+      value.resize(value.size() - 2);
+    } else if (value.ends_with("s")) {
+      value.resize(value.size() - 1);
+    }
+    double v = 0;
+    auto r = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (value.empty() || r.ec != std::errc() || r.ptr != value.data() + value.size() || v <= 0)
+      return Status::InvalidArgument("--slo '" + text + "': '" + part + "' is not ttft=DURATION or tpot=DURATION (e.g. 2s, 100ms)");
+    if (key == "ttft") {
+      *ttft = v * scale;
+    } else if (key == "tpot") {
+      *tpot = v * scale;
+    } else {
+      return Status::InvalidArgument("--slo '" + text + "': unknown level '" + key + "' (ttft, tpot)");
+    }
+  }
+  return Status::Ok();
+}
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "strata router: %s\n", s.message().c_str());
@@ -89,6 +125,23 @@ std::string RenderRouterMetrics(const cluster::PdRouter& router) {
          s.no_instance);
   family("strata_router_requests_in_flight", "gauge", "Requests the router is serving now.",
          static_cast<uint64_t>(s.in_flight));
+  head("strata_router_refused_total", "counter", "Requests refused at once because no instance was predicted to meet the SLO.");
+  out += "strata_router_refused_total{reason=\"slo_ttft\"} " + std::to_string(s.refused_slo_ttft) + "\n";
+  out += "strata_router_refused_total{reason=\"slo_tpot\"} " + std::to_string(s.refused_slo_tpot) + "\n";
+  head("strata_router_ttft_prediction_ratio", "histogram",
+       "Observed time to first token divided by the prediction of the instance chosen (when one was known).");
+  uint64_t cumulative = 0;
+  for (size_t b = 0; b < std::size(cluster::kTtftRatioBounds); ++b) {
+    cumulative += s.ttft_ratio_buckets[b];
+    char le[32];
+    std::snprintf(le, sizeof(le), "%g", cluster::kTtftRatioBounds[b]);
+    out += std::string("strata_router_ttft_prediction_ratio_bucket{le=\"") + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  out += "strata_router_ttft_prediction_ratio_bucket{le=\"+Inf\"} " + std::to_string(s.ttft_ratio_count) + "\n";
+  char sum[64];
+  std::snprintf(sum, sizeof(sum), "%.6g", s.ttft_ratio_sum);
+  out += std::string("strata_router_ttft_prediction_ratio_sum ") + sum + "\n";
+  out += "strata_router_ttft_prediction_ratio_count " + std::to_string(s.ttft_ratio_count) + "\n";
   head("strata_router_failovers_total", "counter", "Calls that failed and were retried on another instance, by phase.");
   out += "strata_router_failovers_total{phase=\"prefill\"} " + std::to_string(s.prefill_failovers) + "\n";
   out += "strata_router_failovers_total{phase=\"decode\"} " + std::to_string(s.decode_failovers) + "\n";
@@ -152,6 +205,7 @@ int Run(const RouterFlags& f) {
   ro.lease_ms = f.lease_ms;
   ro.max_attempts = f.max_attempts;
   ro.routing = *scheduler::RoutingPolicyFromName(f.routing);  // IsMember checked it
+  if (Status s = ParseSlo(f.slo, &ro.slo_ttft_seconds, &ro.slo_tpot_seconds); !s.ok()) return Fail(s);
   cluster::PdRouter router([c = meta->get()] { return c->List(); }, ro);
 
   server::ServiceOptions so;
@@ -262,6 +316,9 @@ void RegisterRouter(CLI::App& app, int* exit_code) {
                   "ttft (lowest predicted time to first token: queue and uncached tokens over the measured rate)")
       ->check(CLI::IsMember({"least-loaded", "round-robin", "longest-prefix", "ttft"}))
       ->capture_default_str();
+  cmd->add_option("--slo", f->slo,
+                  "service levels, e.g. ttft=2s,tpot=100ms: a request whose best predicted time to first token or "
+                  "per output token misses them is refused at once (429, code slo_unattainable)");
   cmd->add_option("--max-attempts", f->max_attempts,
                   "handoffs tried per request (a failed prefill or a broken decode stream starts another)")
       ->check(CLI::Range(1, 64))

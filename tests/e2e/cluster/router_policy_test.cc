@@ -3,7 +3,8 @@
 // finds its first turn on the same prefill instance and the same decode
 // instance, which is sent only the new blocks); ttft sends prefills to the
 // instance predicted to answer first, so a slower instance (made so with
-// the test-only step-time factor) gets fewer of them.
+// the test-only step-time factor) gets fewer of them; --slo refuses at
+// once (429 slo_unattainable) what no instance is predicted to meet.
 
 #include <map>
 
@@ -65,6 +66,37 @@ TEST(RouterPolicy, TtftSendsPrefillsToTheFasterInstance) {
   EXPECT_EQ(Gauge(m, "strata_router_routed_total", R"(phase="prefill",instance="prefill-0")"), served["prefill-0"]);
   ExpectRouterIdle(rp);
   for (auto& p : c.prefill) ExpectPoolEmpty(p->http_port());
+}
+
+TEST(RouterPolicy, AnSloRefusesAtOnceWhatNoInstanceCanMeet) {
+  FaultCluster c;
+  // One slow prefill instance; a 50 ms time-to-first-token level.
+  ASSERT_TRUE(c.Start(1, 1, {"--debug-step-time-factor", "50", "--max-batch-tokens", "64"}, {}, "",
+                      {"--routing", "ttft", "--slo", "ttft=50ms"}));
+  const int rp = c.router->http_port();
+  auto ask = [&](int seed, int n) {
+    return PostJson(rp, "/v1/completions",
+                    json{{"model", "tiny"}, {"prompt", Prompt(seed, n)}, {"max_tokens", 2}, {"temperature", 0}});
+  };
+  // Nothing is known of the instance yet: admitted (and its rate measured).
+  EXPECT_EQ(ask(70, 300).status, 200);
+  // 400 prompt tokens at the measured rate take far longer: refused at once.
+  const auto big = ask(71, 400);
+  EXPECT_EQ(big.status, 429) << big.raw;
+  EXPECT_TRUE(IsOpenAiError(big.body)) << big.raw;
+  EXPECT_EQ(big.body["error"]["code"], "slo_unattainable") << big.raw;
+  EXPECT_NE(big.body["error"]["message"].get<std::string>().find("predicted time to first token"), std::string::npos)
+      << big.raw;
+  EXPECT_FALSE(big.http.header("retry-after").empty());
+  // A short prompt meets it.
+  EXPECT_EQ(ask(72, 3).status, 200);
+  const std::string m = Metrics(rp);
+  EXPECT_EQ(Gauge(m, "strata_router_refused_total", R"(reason="slo_ttft")"), 1);
+  EXPECT_GE(Gauge(m, "strata_router_ttft_prediction_ratio_count"), 1) << "the short prompt had a prediction";
+  EXPECT_EQ(Gauge(Metrics(c.prefill[0]->http_port()), "strata_pd_prefills_total"), 2) << "the refused one never ran";
+  ExpectRouterIdle(rp);
+  ExpectPoolEmpty(c.prefill[0]->http_port());
+  ExpectPoolEmpty(c.decode[0]->http_port());
 }
 
 }  // namespace
