@@ -86,10 +86,12 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
   }
   scheduler::EngineRequest run = f->request;
   run.pause_after = static_cast<int>(run.continuation.generated.size()) + 1;
-  run.on_computed = [this, f](int32_t computed) {  // engine thread
-    const uint64_t id = f->engine_id.load();
-    if (id == 0) return;  // Submit has not returned yet: sent at a later step, or at the end
-    const auto table = kv_->BlockTable(RequestId(id));
+  run.on_computed = [this, f](RequestId id, int32_t computed) {  // engine thread
+    // Submit may not have returned yet on the lane worker: the id comes
+    // with the call, so no block waits for it.
+    uint64_t expected = 0;
+    f->engine_id.compare_exchange_strong(expected, id.value());
+    const auto table = kv_->BlockTable(id);
     const int32_t full = std::min(computed / block_size_, static_cast<int32_t>(table.size()));
     const uint64_t before = f->checksums.size();
     Send(*f, std::min(full, f->decode.blocks), [&table](int32_t i) { return static_cast<uint64_t>(table[i]); });

@@ -83,7 +83,7 @@ class PdPrefill {
     std::vector<transfer::RemoteHandle> remote;  // one per grant; empty when they could not be opened
     Status open_error;
     ReplyFn reply;
-    std::atomic<uint64_t> engine_id{0};        // 0 until Submit returned
+    std::atomic<uint64_t> engine_id{0};        // 0 until Submit returned or the first on_computed
     int32_t next = 0;                          // next block index to send
     bool submit_failed = false;
     std::vector<uint64_t> checksums;           // per block queued, from decode.held_blocks on

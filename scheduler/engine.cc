@@ -607,7 +607,7 @@ void Engine::Update(const SchedulerOutput& out, const Status& forward, const std
     if (Status c = kv_->Commit(s.id, std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(s.num_computed)));
         !c.ok())
       STRATA_LOG_WARN("engine: commit of request {} failed: {}", s.id.value(), c.ToString());
-    if (s.req.on_computed) s.req.on_computed(s.num_computed);
+    if (s.req.on_computed) s.req.on_computed(s.id, s.num_computed);
     if (s.remaining() == 0) AfterToken(s, logits.data() + i * vocab);
   }
   if (forward.ok()) kv_->Poll();

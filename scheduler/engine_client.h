@@ -62,10 +62,12 @@ struct EngineRequest {
   // `continuation` set, to be continued elsewhere. 0 = run to the end.
   int pause_after = 0;
   // Optional: called on the delivery thread after each step that computed
-  // positions of this request (and committed their full blocks), with how
-  // many positions hold KV now. The prefill side of a handoff sends each
-  // block as soon as it is full. Must not block. Not sent over the wire.
-  std::function<void(int32_t computed)> on_computed;
+  // positions of this request (and committed their full blocks), with the
+  // request's id (known here even before Submit has returned to its
+  // caller) and how many positions hold KV now. The prefill side of a
+  // handoff sends each block as soon as it is full. Must not block. Not
+  // sent over the wire.
+  std::function<void(RequestId id, int32_t computed)> on_computed;
 };
 
 // Clock times (nanoseconds, kvcache::Clock) of a request's life; 0 = not yet.
