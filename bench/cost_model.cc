@@ -27,20 +27,52 @@ double* CostField(CostModel& m, int i) {
 
 }  // namespace
 
-Result<CostModel> LoadCostModel(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(path + ": not a JSON object");
+namespace {
+
+Result<CostModel> CostModelFromJson(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
   CostModel m;
   for (int i = 0; i < 6; ++i) {
     auto it = j.find(kCostKeys[i]);
     if (it == j.end()) continue;
-    if (!it->is_number()) return Status::InvalidArgument(path + ": '" + kCostKeys[i] + "' is not a number");
+    if (!it->is_number()) return Status::InvalidArgument(where + ": '" + kCostKeys[i] + "' is not a number");
     const double v = it->get<double>();
-    if (!(v >= 0) || !std::isfinite(v)) return Status::InvalidArgument(path + ": '" + kCostKeys[i] + "' must be >= 0");
+    if (!(v >= 0) || !std::isfinite(v)) return Status::InvalidArgument(where + ": '" + kCostKeys[i] + "' must be >= 0");
     *CostField(m, i) = v;
   }
   return m;
+}
+
+Result<nlohmann::json> ReadJsonObject(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(path + ": not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+Result<CostModel> LoadCostModel(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonObject(path));
+  return CostModelFromJson(j, path);
+}
+
+Result<ClusterCalibration> LoadClusterCalibration(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonObject(path));
+  ClusterCalibration c;
+  if (!j.contains("instances")) {
+    STRATA_ASSIGN_OR_RETURN(c.default_model, CostModelFromJson(j, path));
+    return c;
+  }
+  if (!j["instances"].is_object()) return Status::InvalidArgument(path + ": 'instances' is not an object");
+  for (const auto& [name, m] : j["instances"].items()) {
+    STRATA_ASSIGN_OR_RETURN(CostModel cm, CostModelFromJson(m, path + ": instances." + name));
+    c.instances[name] = cm;
+  }
+  if (j.contains("default")) {
+    STRATA_ASSIGN_OR_RETURN(c.default_model, CostModelFromJson(j["default"], path + ": default"));
+  }
+  return c;
 }
 
 std::string CostModelJson(const CostModel& m) {

@@ -13,6 +13,8 @@
 // Thread-safety: plain values and pure functions.
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +32,16 @@ using Routing = scheduler::RoutingPolicy;
 // Reads {"a":..,"b":..,"c":..,"d":..,"e":..,"f":..} (missing keys are 0;
 // negative values are an error). Errors name the file.
 Result<CostModel> LoadCostModel(const std::string& path);
+
+// A router's calibrations (`strata router --calibration F`): either one
+// cost model as above (every instance), or
+//   {"instances": {"NAME": {cost model}, ...}, "default": {cost model}}
+// by instance name, "default" optional. Errors name the file and the key.
+struct ClusterCalibration {
+  std::optional<CostModel> default_model;
+  std::map<std::string, CostModel> instances;
+};
+Result<ClusterCalibration> LoadClusterCalibration(const std::string& path);
 std::string CostModelJson(const CostModel& m);
 
 // One simulated serving instance (all instances of a cluster are alike).

@@ -7,6 +7,14 @@ namespace strata::cluster {
 
 bool HandlePdLookup(scheduler::EngineClient* engine, const std::string& method, const std::string& path,
                     const std::string& body, const ReplyFn& reply) {
+  if (path == "/internal/pd/status") {
+    if (method != "GET") {
+      reply(405, ErrorJson("GET only"));
+    } else {
+      reply(200, EngineStatusToJson(engine->Stats()));
+    }
+    return true;
+  }
   if (path != "/internal/pd/lookup") return false;
   if (method != "POST") {
     reply(405, ErrorJson("POST only"));
@@ -28,6 +36,10 @@ bool HandlePdLookup(scheduler::EngineClient* engine, const std::string& method, 
         a.decode_step_seconds = stats.decode_step_seconds;
         a.running = stats.num_running;
         a.waiting = stats.num_waiting;
+        a.load_seconds = m.load_seconds;
+        const auto& pool = stats.kv.device_pool;
+        a.device_free_tokens = static_cast<int64_t>(pool.num_blocks - pool.in_use) * m.block_size;
+        a.device_tokens = static_cast<int64_t>(pool.num_blocks) * m.block_size;
         reply(200, LookupReplyToJson(a));
       });
   if (!asked) reply(503, ErrorJson("the engine is stopping"));

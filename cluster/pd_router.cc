@@ -58,6 +58,7 @@ struct PdRouter::Flight {
   std::vector<int32_t> cached_by_kind;  // indexed like tier_kinds_
   bool finished = false;                // the final event was delivered
   double predicted_ttft = -1;           // of the instance first chosen (seconds; -1: not known)
+  int64_t routed_tokens = 0;            // prompt tokens counted in its prefill instance's queue (Pick)
   bool cancel_sent = false;             // Cancel was asked for (its final event is "abort")
 
   std::mutex mu;  // the fields below
@@ -136,6 +137,7 @@ void PdRouter::Refresh() {
       if (old.name != p.name) continue;
       p.prefilling = old.prefilling;
       p.decoding = old.decoding;
+      p.prefill_tokens = old.prefill_tokens;
       p.avoid_until = old.avoid_until;
     }
   }
@@ -168,7 +170,7 @@ std::vector<PdInstance> PdRouter::instances() const {
   return instances_;
 }
 
-bool PdRouter::Pick(const Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
+bool PdRouter::Pick(Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
                     PdInstance* out, std::pair<double, double>* predicted) {
   // The candidates: the role, not excluded; instances not avoided (after a
   // failure) and not the other phase's instance first, when there are such.
@@ -189,32 +191,28 @@ bool PdRouter::Pick(const Flight& f, Phase phase, const std::set<std::string>& e
   }
   if (cands.empty()) return false;
   scheduler::Router& router = phase == Phase::kPrefill ? prefill_router_ : decode_router_;
+  const auto prompt = static_cast<int64_t>(f.request.prompt.size());
   std::vector<scheduler::RouteCandidate> rc(cands.size());
-  std::vector<double> tpot(cands.size(), 0);
-  for (size_t i = 0; i < cands.size(); ++i) rc[i].unfinished = phase == Phase::kPrefill ? cands[i].prefilling : cands[i].decoding;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    rc[i].unfinished = phase == Phase::kPrefill ? cands[i].prefilling : cands[i].decoding;
+    // Until an instance says otherwise: all of the prompt to compute behind
+    // what this router sent it, at its calibrated rates (if any).
+    rc[i].uncached_tokens = prompt;
+    rc[i].queue_tokens = cands[i].prefill_tokens;
+    const scheduler::CalibratedRates cal = Calibrated(cands[i].name);
+    rc[i].prefill_tokens_per_s = cal.prefill_tokens_per_s;
+    rc[i].tpot_seconds = cal.decode_step_seconds;
+  }
   const bool slo = phase == Phase::kPrefill ? options_.slo_ttft_seconds > 0 : options_.slo_tpot_seconds > 0;
   const bool looked = (router.needs_cached_tokens() && cands.size() > 1) || slo;
-  if (looked) {
-    // What each candidate holds of the prompt, its queue and rate.
-    const std::string q = LookupRequestToJson({f.request.prompt, f.request.cache_salt});
-    const auto prompt = static_cast<int64_t>(f.request.prompt.size());
-    for (size_t i = 0; i < cands.size(); ++i) {
-      auto r = HttpCall(cands[i].host, cands[i].port, "POST", "/internal/pd/lookup", q, options_.auth, 1.0);
-      auto a = r && r->status == 200 ? LookupReplyFromJson(r->body) : Result<LookupReply>(Status::Unavailable(Describe(r)));
-      if (!a) continue;  // known nothing: no cache, rate unknown
-      rc[i].cached_tokens = phase == Phase::kPrefill ? a->cached_tokens : a->device_cached_tokens;
-      rc[i].uncached_tokens = std::max<int64_t>(0, prompt - rc[i].cached_tokens);
-      rc[i].queue_tokens = a->pending_prefill_tokens;
-      rc[i].prefill_tokens_per_s = a->prefill_tokens_per_s;
-      tpot[i] = a->decode_step_seconds;
-    }
-  }
+  if (looked) LookUp(f, phase, cands, &rc);
   std::lock_guard lock(mu_);
-  const size_t k = router.Pick(rc);
+  const size_t k = phase == Phase::kPrefill ? router.Pick(rc) : router.PickDecode(rc, prompt);
   *out = cands[k];
   if (predicted != nullptr) {
-    // Predictions need the lookups: prefill TTFT (an unknown rate takes
-    // the mean of the known ones), decode the recent decode step time.
+    // Predictions need the lookups (or calibrations): prefill TTFT (an
+    // unknown rate takes the mean of the known ones), decode the recent
+    // decode step time.
     double sum = 0;
     int known = 0;
     for (const auto& c : rc) {
@@ -224,7 +222,7 @@ bool PdRouter::Pick(const Flight& f, Phase phase, const std::set<std::string>& e
     }
     auto pred = [&](size_t i) {
       if (!looked) return -1.0;
-      if (phase == Phase::kDecode) return tpot[i] > 0 ? tpot[i] : -1.0;
+      if (phase == Phase::kDecode) return rc[i].tpot_seconds > 0 ? rc[i].tpot_seconds : -1.0;
       return scheduler::PredictTtftSeconds(rc[i], known > 0 ? sum / known : 0);
     };
     double best = -1;
@@ -234,18 +232,49 @@ bool PdRouter::Pick(const Flight& f, Phase phase, const std::set<std::string>& e
     }
     *predicted = {best, pred(k)};
   }
+  if (phase == Phase::kPrefill) f.routed_tokens = rc[k].uncached_tokens;
   for (PdInstance& p : instances_) {
-    if (p.name == out->name) (phase == Phase::kPrefill ? p.prefilling : p.decoding) += 1;
+    if (p.name != out->name) continue;
+    (phase == Phase::kPrefill ? p.prefilling : p.decoding) += 1;
+    if (phase == Phase::kPrefill) p.prefill_tokens += f.routed_tokens;
   }
   return true;
 }
 
-void PdRouter::Unload(Phase phase, const std::string& name) {
+void PdRouter::LookUp(const Flight& f, Phase phase, const std::vector<PdInstance>& cands,
+                      std::vector<scheduler::RouteCandidate>* rc) {
+  // What each candidate holds of the prompt, its queue and rates.
+  const std::string q = LookupRequestToJson({f.request.prompt, f.request.cache_salt});
+  const auto prompt = static_cast<int64_t>(f.request.prompt.size());
+  for (size_t i = 0; i < cands.size(); ++i) {
+    auto r = HttpCall(cands[i].host, cands[i].port, "POST", "/internal/pd/lookup", q, options_.auth, 1.0);
+    auto a = r && r->status == 200 ? LookupReplyFromJson(r->body) : Result<LookupReply>(Status::Unavailable(Describe(r)));
+    if (!a) continue;  // known nothing more
+    scheduler::RouteCandidate& c = (*rc)[i];
+    c.cached_tokens = phase == Phase::kPrefill ? a->cached_tokens : a->device_cached_tokens;
+    c.uncached_tokens = std::max<int64_t>(0, prompt - c.cached_tokens);
+    // Its own queue, or what this router sent it and it has not answered
+    // yet when larger (requests on their way are not in its queue yet).
+    c.queue_tokens = std::max(a->pending_prefill_tokens, cands[i].prefill_tokens);
+    if (a->prefill_tokens_per_s > 0) c.prefill_tokens_per_s = a->prefill_tokens_per_s;
+    if (a->decode_step_seconds > 0) c.tpot_seconds = a->decode_step_seconds;
+    c.load_seconds = phase == Phase::kPrefill ? a->load_seconds : 0;
+    c.free_kv_tokens = a->device_tokens > 0 ? a->device_free_tokens : -1;
+  }
+}
+
+scheduler::CalibratedRates PdRouter::Calibrated(const std::string& name) const {
+  auto it = options_.calibration.find(name);
+  return it != options_.calibration.end() ? it->second : options_.default_calibration;
+}
+
+void PdRouter::Unload(Phase phase, const std::string& name, int64_t tokens) {
   std::lock_guard lock(mu_);
   for (auto it = instances_.begin(); it != instances_.end(); ++it) {
     if (it->name != name) continue;
     int& load = phase == Phase::kPrefill ? it->prefilling : it->decoding;
     if (load > 0) --load;
+    if (phase == Phase::kPrefill) it->prefill_tokens = std::max<int64_t>(0, it->prefill_tokens - tokens);
     if (it->role == "gone" && it->prefilling == 0 && it->decoding == 0) instances_.erase(it);
     return;
   }
@@ -508,7 +537,7 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   std::set<std::string> excluded = *bad_decode;
   excluded.insert(tried->not_now.begin(), tried->not_now.end());
   if (!Pick(f, Phase::kDecode, excluded, p.name, &d, &tpot)) {
-    Unload(Phase::kPrefill, p.name);
+    Unload(Phase::kPrefill, p.name, f.routed_tokens);
     const int64_t waited_ms = (Now() - f.arrival) / 1000000;
     if (!tried->not_now.empty() && waited_ms < options_.queue_timeout.count()) {
       // Every decode instance left is full for now: wait, then ask again.
@@ -527,7 +556,7 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   if (f.first_token == 0 && f.splicer.delivered_tokens() == 0) {
     // Nothing delivered yet: the request may still be refused by its SLO.
     if (Refused(f, ttft.first, tpot.first, why)) {
-      Unload(Phase::kPrefill, p.name);
+      Unload(Phase::kPrefill, p.name, f.routed_tokens);
       Unload(Phase::kDecode, d.name);
       return true;
     }
@@ -538,7 +567,7 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   auto r = Call(f, d, "/internal/pd/reserve", ReserveRequestToJson(q));
   auto reserve = r && r->status == 200 ? ReserveReplyFromJson(r->body) : Result<ReserveReply>(Status::Ok());
   if (!r || r->status != 200 || !reserve.ok()) {
-    Unload(Phase::kPrefill, p.name);
+    Unload(Phase::kPrefill, p.name, f.routed_tokens);
     Unload(Phase::kDecode, d.name);
     if (!r.ok() && r.error().code() == StatusCode::kCancelled) {
       CancelReservation(d, rid);  // it may have been made before the call was aborted
@@ -563,7 +592,7 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   }
   // Prefill: the first token, the blocks written.
   auto pr = Call(f, p, "/internal/pd/prefill", PrefillRequestToJson({f.request, *reserve}));
-  Unload(Phase::kPrefill, p.name);
+  Unload(Phase::kPrefill, p.name, f.routed_tokens);
   auto prefill = pr && pr->status == 200 ? PrefillReplyFromJson(pr->body) : Result<PrefillReply>(Status::Ok());
   if (!pr || pr->status != 200 || !prefill.ok()) {
     Unload(Phase::kDecode, d.name);

@@ -101,8 +101,9 @@ struct PdRouterOptions {
   std::chrono::milliseconds avoid{5000};    // an instance that failed is not picked for this long
   // How instances are chosen (scheduler/router.h): the prefill instance by
   // this policy (longest-prefix and ttft ask each candidate's
-  // /internal/pd/lookup); the decode instance by the same policy, except
-  // that ttft picks the decode instance holding most of the prompt.
+  // /internal/pd/lookup); the decode instance by Router::PickDecode (ttft:
+  // room for the prompt in its KV pool, then the lowest time per output
+  // token, then the most of the prompt on its device; others: as prefill).
   scheduler::RoutingPolicy routing = scheduler::RoutingPolicy::kLeastLoaded;
   // Service levels (0 = none). A request whose best predicted time to
   // first token (over the prefill candidates: PredictTtftSeconds from
@@ -113,6 +114,11 @@ struct PdRouterOptions {
   // (no rate measured yet) admit.
   double slo_ttft_seconds = 0;
   double slo_tpot_seconds = 0;
+  // Calibrated rates (`strata router --calibration F`) of instances that do
+  // not report measured ones yet (a lookup answering 0), by instance name,
+  // else `default_calibration` (zeros: none).
+  std::map<std::string, scheduler::CalibratedRates> calibration;
+  scheduler::CalibratedRates default_calibration;
 };
 
 // Upper bounds of the buckets of observed ÷ predicted time to first token
@@ -148,6 +154,7 @@ struct PdInstance {
   int port = 0;
   int prefilling = 0;  // this router's requests in its prefill phase there
   int decoding = 0;    // ... in their decode phase there
+  int64_t prefill_tokens = 0;  // prompt tokens this router sent it to compute, not yet answered
   std::chrono::steady_clock::time_point avoid_until{};
 };
 
@@ -213,9 +220,15 @@ class PdRouter final : public scheduler::EngineClient {
   // `predicted` (optional): {best over the candidates, the chosen one's}
   // prediction (prefill: TTFT seconds; decode: seconds per output token),
   // -1 where not known.
-  bool Pick(const Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
+  bool Pick(Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
             PdInstance* out, std::pair<double, double>* predicted = nullptr);
-  void Unload(Phase phase, const std::string& name);
+  // Asks each candidate's /internal/pd/lookup (1 s each; one that does not
+  // answer keeps what `rc` had) and fills `rc` in.
+  void LookUp(const Flight& f, Phase phase, const std::vector<PdInstance>& cands,
+              std::vector<scheduler::RouteCandidate>* rc);
+  scheduler::CalibratedRates Calibrated(const std::string& name) const;
+  // Undoes Pick's count; prefill: `tokens` is the flight's routed_tokens.
+  void Unload(Phase phase, const std::string& name, int64_t tokens = 0);
   void Avoid(const std::string& name);
   // A blocking call on the flight's connection (aborted by Cancel).
   Result<HttpResponse> Call(Flight& f, const PdInstance& to, const std::string& path, const std::string& body,

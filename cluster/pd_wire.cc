@@ -462,7 +462,10 @@ std::string LookupReplyToJson(const LookupReply& r) {
               {"prefill_tokens_per_s", r.prefill_tokens_per_s},
               {"decode_step_seconds", r.decode_step_seconds},
               {"running", r.running},
-              {"waiting", r.waiting}}
+              {"waiting", r.waiting},
+              {"load_seconds", r.load_seconds},
+              {"device_free_tokens", r.device_free_tokens},
+              {"device_tokens", r.device_tokens}}
       .dump();
 }
 Result<LookupReply> LookupReplyFromJson(const std::string& text) {
@@ -475,8 +478,38 @@ Result<LookupReply> LookupReplyFromJson(const std::string& text) {
     a.decode_step_seconds = r.Num("decode_step_seconds", 0);
     a.running = r.Int<int>("running");
     a.waiting = r.Int<int>("waiting");
+    a.load_seconds = r.Num("load_seconds", 0);
+    a.device_free_tokens = r.Int<int64_t>("device_free_tokens");
+    a.device_tokens = r.Int<int64_t>("device_tokens");
     return a;
   });
+}
+
+std::string EngineStatusToJson(const scheduler::EngineStats& s) {
+  json tiers = json::array();
+  for (const scheduler::TierUsage& t : s.tiers) {
+    tiers.push_back({{"name", t.name},
+                     {"kind", std::string(kvcache::TierKindName(t.kind))},
+                     {"capacity_bytes", t.capacity_bytes},
+                     {"used_bytes", t.used_bytes},
+                     {"usage_ratio", t.usage_ratio}});
+  }
+  uint64_t finished = 0;
+  for (const auto& [reason, n] : s.finished_by_reason) finished += n;
+  return json{{"running", s.num_running},
+              {"waiting", s.num_waiting},
+              {"draining", s.draining},
+              {"finished", finished},
+              {"pending_prefill_tokens", s.pending_prefill_tokens},
+              {"prefill_tokens_per_s", s.prefill_tokens_per_s},
+              {"decode_step_seconds", s.decode_step_seconds},
+              {"calibrated_prefill_tokens_per_s", s.calibrated_prefill_tokens_per_s},
+              {"calibrated_decode_step_seconds", s.calibrated_decode_step_seconds},
+              {"device_blocks", s.kv.device_pool.num_blocks},
+              {"device_blocks_in_use", s.kv.device_pool.in_use},
+              {"device_blocks_cached", s.kv.device_pool.cached},
+              {"tiers", tiers}}
+      .dump();
 }
 
 }  // namespace strata::cluster

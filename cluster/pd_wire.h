@@ -95,8 +95,15 @@ struct LookupReply {
   double decode_step_seconds = 0;      // EngineStats::decode_step_seconds (0: not known yet)
   int running = 0;
   int waiting = 0;
+  double load_seconds = 0;             // CacheMatch::load_seconds: fetching the lower-tier part
+  int64_t device_free_tokens = 0;      // device pool tokens no request references (free or cached)
+  int64_t device_tokens = 0;           // device pool capacity in tokens
 };
 std::string LookupReplyToJson(const LookupReply& r);
+// GET /internal/pd/status: an instance's state for `strata cluster status`
+// (a JSON object: requests, queue, rates measured and calibrated, KV use
+// per tier). Read by tools as plain JSON.
+std::string EngineStatusToJson(const scheduler::EngineStats& s);
 Result<LookupReply> LookupReplyFromJson(const std::string& text);
 
 struct DecodeRequest {

@@ -90,6 +90,17 @@ PrefixMatch KvManager::Match(std::span<const int32_t> prompt, std::string_view c
   return m;
 }
 
+double KvManager::EstimateLoadSeconds(const PrefixMatch& m) const {
+  double seconds = 0;
+  for (size_t t = 0; t < m.lower_tier_tokens.size() && t < mover_->num_tiers(); ++t) {
+    const double rate = mover_->ReadBytesPerS(t);
+    if (rate <= 0 || m.lower_tier_tokens[t] <= 0) continue;
+    const double blocks = static_cast<double>(m.lower_tier_tokens[t]) / options_.block_size;
+    seconds += blocks * static_cast<double>(options_.block_bytes) / rate;
+  }
+  return seconds;
+}
+
 uint64_t KvManager::SubmitLookup(std::span<const int32_t> prompt, std::string_view cache_salt,
                                  int64_t deadline_nanos) {
   PendingLookup l;

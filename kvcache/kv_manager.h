@@ -96,6 +96,10 @@ class KvManager {
 
   // Pure query (no state change, no stats): how much of `prompt` would hit now.
   PrefixMatch Match(std::span<const int32_t> prompt, std::string_view cache_salt) const;
+  // Seconds to bring `m`'s lower-tier blocks into the device pool at each
+  // tier's read rate (TierMover::ReadBytesPerS), one tier after another;
+  // a tier whose rate is unknown counts 0. Device hits cost nothing.
+  double EstimateLoadSeconds(const PrefixMatch& m) const;
 
   // Match asked asynchronously, for waiting requests: device hits are
   // counted when the answer is taken; the lower tiers are asked through the

@@ -153,6 +153,12 @@ Region TierMover::BlockRegion(BlockId id) const {
   return {device_segment_, static_cast<uint64_t>(id.value()) * options_.block_bytes, options_.block_bytes};
 }
 
+double TierMover::ReadBytesPerS(size_t i) const {
+  const LowerTier& t = lowers_[i];
+  const double measured = t.store->measured_read_bytes_per_s();
+  return measured > 0 ? measured : t.read_bytes_per_s;
+}
+
 bool TierMover::WorthLoading(const LowerTier& t, size_t blocks) const {
   if (options_.load_policy == LoadPolicy::kAlways) return true;
   // kAuto: load only when moving the bytes beats recomputing the tokens.

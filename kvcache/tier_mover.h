@@ -106,6 +106,10 @@ class TierMover {
 
   size_t num_tiers() const { return lowers_.size(); }
   const LowerTier& tier(size_t i) const { return lowers_[i]; }
+  // Tier i's read rate for load estimates: its store's own measured rate
+  // (a remote tier's, from its transfers), else the configured estimate;
+  // 0 when neither is known.
+  double ReadBytesPerS(size_t i) const;
 
   // Source tier of each block [from, from + result.size()) of `chain`,
   // capped at max_blocks (see the top). A pure query.

@@ -197,6 +197,7 @@ bool Engine::LookupCache(std::vector<int32_t> tokens, std::string cache_salt,
     c.tokens_by_tier.push_back(m.device_tokens);
     c.tokens_by_tier.insert(c.tokens_by_tier.end(), m.lower_tier_tokens.begin(), m.lower_tier_tokens.end());
     c.tokens_by_tier.resize(kv.num_lower_tiers() + 1, 0);
+    c.load_seconds = kv.EstimateLoadSeconds(m);
     done(c);
   });
 }
@@ -655,8 +656,10 @@ void Engine::RefreshStats() {
   st.forward_nanos = forward_nanos_;
   st.step_prefill_tokens = step_prefill_tokens_;
   st.step_decode_tokens = step_decode_tokens_;
-  st.prefill_tokens_per_s = prefill_rate_;
-  st.decode_step_seconds = decode_step_s_;
+  st.prefill_tokens_per_s = prefill_rate_ > 0 ? prefill_rate_ : options_.calibrated_prefill_tokens_per_s;
+  st.decode_step_seconds = decode_step_s_ > 0 ? decode_step_s_ : options_.calibrated_decode_step_seconds;
+  st.calibrated_prefill_tokens_per_s = options_.calibrated_prefill_tokens_per_s;
+  st.calibrated_decode_step_seconds = options_.calibrated_decode_step_seconds;
   for (const Sequence* s : waiting_) st.pending_prefill_tokens += s->remaining();
   for (const Sequence* s : running_) st.pending_prefill_tokens += std::max(0, s->prompt_len - s->num_computed);
   st.preemptions = preemptions_;

@@ -131,6 +131,11 @@ struct EngineOptions {
   // test can make an instance slower (or slow enough to act mid-stream) on
   // a machine whose thread counts cannot. 1 = off.
   double step_time_factor = 1;
+  // From a calibration (`strata serve --calibration F`, the output of
+  // `strata bench calibrate`): the prefill rate (tokens/s) and decode step
+  // (s) reported in EngineStats before live steps measure them; 0 = none.
+  double calibrated_prefill_tokens_per_s = 0;
+  double calibrated_decode_step_seconds = 0;
 };
 
 // One step's work as a plain value (Engine::Schedule): the batch for the

@@ -155,6 +155,11 @@ struct EngineStats {
   // exponential average; 0 until one ran): the time per output token at
   // the current batch.
   double decode_step_seconds = 0;
+  // The same two figures from the instance's calibration
+  // (EngineOptions::calibrated_*; 0 = none): they stand in for the
+  // measured ones until a step measures them.
+  double calibrated_prefill_tokens_per_s = 0;
+  double calibrated_decode_step_seconds = 0;
   uint64_t preemptions = 0;
   uint64_t prompt_tokens = 0;      // of finished and running requests, counted at admission
   uint64_t generation_tokens = 0;
@@ -177,6 +182,9 @@ struct CacheMatch {
   int32_t cached_tokens = 0;            // leading prompt tokens with KV somewhere (whole blocks)
   int32_t block_size = 0;
   std::vector<int32_t> tokens_by_tier;  // by tier index (tier_names()); sums to cached_tokens
+  // Estimated seconds to load the lower-tier part into the device pool
+  // (KvManager::EstimateLoadSeconds; 0 when all on device or rates unknown).
+  double load_seconds = 0;
 };
 
 // What FlushCache empties: the device tier and/or lower tiers by chain

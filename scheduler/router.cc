@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <tuple>
 #include <vector>
 
 namespace strata::scheduler {
@@ -67,6 +68,21 @@ std::string RoutingPolicyNames() {
   return s;
 }
 
+double CostModel::PrefillTokensPerS(int chunk) const {
+  const double t = chunk;
+  const double secs = a + b * t + c * t * t / 2;
+  return b > 0 || c > 0 ? t / secs : 0.0;
+}
+
+double CostModel::DecodeStepSeconds(int batch, int context) const {
+  if (d <= 0 && e <= 0 && f <= 0) return 0;
+  return d + e * batch + f * batch * (context + 1.0);
+}
+
+CalibratedRates RatesFromCostModel(const CostModel& m) {
+  return {m.PrefillTokensPerS(512), m.DecodeStepSeconds(1, 512)};
+}
+
 double PredictTtftSeconds(const RouteCandidate& c, double fallback_rate) {
   const double rate = c.prefill_tokens_per_s > 0 ? c.prefill_tokens_per_s : fallback_rate;
   if (rate <= 0) return -1;
@@ -105,6 +121,33 @@ size_t Router::Pick(std::span<const RouteCandidate> candidates) {
     const RouteCandidate& c = candidates[j];
     const RouteCandidate& t = candidates[target];
     if (score[j] < score[target] || (score[j] == score[target] && c.unfinished < t.unfinished)) target = j;
+  }
+  return target;
+}
+
+size_t Router::PickDecode(std::span<const RouteCandidate> candidates, int64_t need_kv_tokens) {
+  if (policy_ != RoutingPolicy::kTtft) return Pick(candidates);
+  const size_t n = candidates.size();
+  size_t target = turn_ % n;
+  ++turn_;
+  const size_t first = target;
+  double sum = 0;
+  int known = 0;
+  for (const RouteCandidate& c : candidates) {
+    if (c.tpot_seconds > 0) {
+      sum += c.tpot_seconds;
+      ++known;
+    }
+  }
+  // Lexicographic score, lower wins: no room, predicted TPOT, -cached, unfinished.
+  auto key = [&](const RouteCandidate& c) {
+    const bool no_room = c.free_kv_tokens >= 0 && c.free_kv_tokens < need_kv_tokens;
+    const double tpot = known == 0 ? 0.0 : (c.tpot_seconds > 0 ? c.tpot_seconds : sum / known);
+    return std::tuple(no_room, tpot, -static_cast<int64_t>(c.cached_tokens), c.unfinished);
+  };
+  for (size_t k = 1; k < n; ++k) {
+    const size_t j = (first + k) % n;
+    if (key(candidates[j]) < key(candidates[target])) target = j;
   }
   return target;
 }

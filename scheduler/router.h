@@ -39,7 +39,23 @@ struct CostModel {
   // Prompt tokens per second of a long prefill at short context (1 / b), for
   // the KV manager's "load or recompute" estimate; 0 when b is 0.
   double recompute_tokens_per_s() const { return b > 0 ? 1.0 / b : 0.0; }
+  // Prompt tokens per second of prefill steps of `chunk` tokens from
+  // position 0 (what an engine's measured prefill rate averages over);
+  // 0 when the model has no prefill terms.
+  double PrefillTokensPerS(int chunk) const;
+  // Seconds of a decode-only step of `batch` sequences at `context`
+  // positions each; 0 when the model has no decode terms.
+  double DecodeStepSeconds(int batch, int context) const;
 };
+
+// The figures a router and an engine take from a calibration
+// (`strata bench calibrate`) before live steps measure them: prefill steps
+// of 512-token chunks, decode steps of one sequence at 512 positions.
+struct CalibratedRates {
+  double prefill_tokens_per_s = 0;
+  double decode_step_seconds = 0;
+};
+CalibratedRates RatesFromCostModel(const CostModel& m);
 
 enum class RoutingPolicy {
   kRoundRobin,     // "round-robin": instances in turn
@@ -66,6 +82,11 @@ struct RouteCandidate {
   int64_t queue_tokens = 0;
   double prefill_tokens_per_s = 0;
   double load_seconds = 0;
+  // Decode choice (PickDecode) under ttft: the seconds per output token it
+  // runs at now (0 = not known), and the device KV tokens it has free
+  // (-1 = not known).
+  double tpot_seconds = 0;
+  int64_t free_kv_tokens = -1;
 };
 
 // Predicted time to first token at `c`:
@@ -92,6 +113,13 @@ class Router {
   // none known: least-loaded); ties as longest-prefix. Every call advances
   // the turn. REQUIRES: candidates not empty.
   size_t Pick(std::span<const RouteCandidate> candidates);
+  // The decode instance for a request needing `need_kv_tokens` of KV. ttft:
+  // candidates whose free KV holds it (or is unknown) before the rest; among
+  // them the lowest tpot_seconds (unknown takes the mean of the known; none
+  // known: the fewest unfinished); ties to the most cached_tokens (device
+  // blocks it need not be sent), then the fewest unfinished, then turn.
+  // Other policies: Pick. REQUIRES: candidates not empty.
+  size_t PickDecode(std::span<const RouteCandidate> candidates, int64_t need_kv_tokens);
 
  private:
   RoutingPolicy policy_;

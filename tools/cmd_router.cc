@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/cost_model.h"
 #include "cluster/pd_router.h"
 #include "scheduler/router.h"
 #include "common/logging.h"
@@ -61,6 +62,7 @@ struct RouterFlags {
   int max_attempts = 4;
   std::string routing = "least-loaded";
   std::string slo;
+  std::string calibration;
   double shutdown_grace_seconds = 30;
   int io_threads = 2;
   double write_timeout_seconds = 30;
@@ -206,6 +208,12 @@ int Run(const RouterFlags& f) {
   ro.max_attempts = f.max_attempts;
   ro.routing = *scheduler::RoutingPolicyFromName(f.routing);  // IsMember checked it
   if (Status s = ParseSlo(f.slo, &ro.slo_ttft_seconds, &ro.slo_tpot_seconds); !s.ok()) return Fail(s);
+  if (!f.calibration.empty()) {
+    auto cal = bench::LoadClusterCalibration(f.calibration);
+    if (!cal) return Fail(cal.error().WithContext("--calibration"));
+    if (cal->default_model) ro.default_calibration = scheduler::RatesFromCostModel(*cal->default_model);
+    for (const auto& [instance, cm] : cal->instances) ro.calibration[instance] = scheduler::RatesFromCostModel(cm);
+  }
   cluster::PdRouter router([c = meta->get()] { return c->List(); }, ro);
 
   server::ServiceOptions so;
@@ -318,7 +326,16 @@ void RegisterRouter(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--slo", f->slo,
                   "service levels, e.g. ttft=2s,tpot=100ms: a request whose best predicted time to first token or "
-                  "per output token misses them is refused at once (429, code slo_unattainable)");
+                  "per output token misses them is refused at once (429, code slo_unattainable)")
+      ->check([](const std::string& v) {
+        double ttft = 0, tpot = 0;
+        const Status s = ParseSlo(v, &ttft, &tpot);
+        return s.ok() ? std::string() : s.message();
+      });
+  cmd->add_option("--calibration", f->calibration,
+                  "calibrated rates for instances that have not measured their own yet: the JSON of `strata bench "
+                  "calibrate --out` (every instance), or {\"instances\": {NAME: that, ...}, \"default\": that}")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--max-attempts", f->max_attempts,
                   "handoffs tried per request (a failed prefill or a broken decode stream starts another)")
       ->check(CLI::Range(1, 64))

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cost_model.h"
 #include "cluster/pd_decode.h"
 #include "cluster/pd_lookup.h"
 #include "cluster/pd_prefill.h"
@@ -46,7 +47,6 @@
 #include "tools/serve_process.h"
 #include "kvcache/block_hash.h"
 #include "tools/transfer_flags.h"
-#include "kvcache/block_hash.h"
 #include "transfer/metadata.h"
 #include "transfer/transfer_engine.h"
 #include "transfer/wire.h"
@@ -66,6 +66,7 @@ struct ServeFlags {
   std::string api_key;
   std::string admin_token;
   double debug_step_time_factor = 1;
+  std::string calibration;
   int max_num_seqs = 64;
   int max_waiting = 1024;
   int max_batch_tokens = 512;
@@ -273,6 +274,13 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   eo.prefetch_max_requests = f.engine.kv.prefetch_max_requests;
   eo.lookup_timeout_seconds = f.engine.kv.lookup_timeout_ms / 1000.0;
   eo.step_time_factor = f.debug_step_time_factor;
+  if (!f.calibration.empty()) {
+    auto cm = bench::LoadCostModel(f.calibration);
+    if (!cm) return Fail(cm.error().WithContext("--calibration"));
+    const scheduler::CalibratedRates r = scheduler::RatesFromCostModel(*cm);
+    eo.calibrated_prefill_tokens_per_s = r.prefill_tokens_per_s;
+    eo.calibrated_decode_step_seconds = r.decode_step_seconds;
+  }
   auto engine = scheduler::Engine::Create(eo, &runner, (*stack)->manager.get(), m.tokenizer.get(), kvcache::RealClock());
   if (!engine) return Fail(engine.error());
   (*engine)->Start();
@@ -543,6 +551,10 @@ void RegisterServe(CLI::App& app, int* exit_code) {
                   "without --kv-device-bytes: the device KV pool is max-num-seqs full contexts, at most this size")
       ->capture_default_str();
   AddEngineFlags(cmd, &f->engine);
+  cmd->add_option("--calibration", f->calibration,
+                  "this instance's rates from `strata bench calibrate --out F`: reported to routers (prefill "
+                  "tokens/s, decode step) until its own steps measure them")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--debug-step-time-factor", f->debug_step_time_factor,
                   "test-only: each forward pass takes this many times its time (a sleep after it)")
       ->check(CLI::Range(1.0, 10000.0))

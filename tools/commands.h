@@ -32,6 +32,8 @@ void RegisterBenchTransfer(CLI::App* bench, int* exit_code);
 void RegisterMeta(CLI::App& app, int* exit_code);
 // `strata router` (tools/cmd_router.cc).
 void RegisterRouter(CLI::App& app, int* exit_code);
+// `strata cluster status|predict` (tools/cmd_cluster.cc).
+void RegisterCluster(CLI::App& app, int* exit_code);
 
 // Options shared by every command that runs the model.
 struct EngineFlags {

@@ -276,5 +276,37 @@ TEST(Calibrate, TimesARealModelAndWritesALoadableCostFile) {
   EXPECT_EQ(Calibrate(w, o, &pool).error().code(), StatusCode::kInvalidArgument);
 }
 
+// A router's --calibration file: one cost model for every instance, or one
+// per instance name with an optional default; bad values name the key.
+TEST(Calibrate, ClusterCalibrationFileByInstanceOrForAll) {
+  const std::string dir = ::testing::TempDir();
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name;
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    return path;
+  };
+  auto all = LoadClusterCalibration(write("cal_all.json", R"({"a":0.001,"b":0.0001,"points":[]})"));
+  ASSERT_TRUE(all.ok()) << all.error().message();
+  ASSERT_TRUE(all->default_model.has_value());
+  EXPECT_DOUBLE_EQ(all->default_model->b, 0.0001);
+  EXPECT_TRUE(all->instances.empty());
+  auto each = LoadClusterCalibration(
+      write("cal_each.json", R"({"instances":{"p0":{"b":0.001},"p1":{"b":0.002,"d":0.01}},"default":{"b":0.003}})"));
+  ASSERT_TRUE(each.ok()) << each.error().message();
+  ASSERT_EQ(each->instances.size(), 2u);
+  EXPECT_DOUBLE_EQ(each->instances["p1"].d, 0.01);
+  EXPECT_DOUBLE_EQ(each->default_model->b, 0.003);
+  auto none = LoadClusterCalibration(write("cal_nodefault.json", R"({"instances":{"p0":{"b":0.001}}})"));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->default_model.has_value());
+  auto bad = LoadClusterCalibration(write("cal_bad.json", R"({"instances":{"p0":{"b":-1}}})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("instances.p0"), std::string::npos) << bad.error().message();
+  EXPECT_FALSE(LoadClusterCalibration(write("cal_list.json", R"({"instances":[1]})")).ok());
+  EXPECT_FALSE(LoadClusterCalibration(dir + "/no_such_file.json").ok());
+}
+
 }  // namespace
 }  // namespace strata::bench

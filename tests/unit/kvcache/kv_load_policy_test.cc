@@ -48,8 +48,10 @@ struct Tiers {
     const Status st = testing::StoreBlock(s, h, ns, bytes);
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
-  // The match of a manager with these rates (0 = unknown).
-  PrefixMatch Match(LoadPolicy policy, double recompute, double upper_rate, double lower_rate) {
+  // The match of a manager with these rates (0 = unknown), and what it
+  // estimates loading it takes (KvManager::EstimateLoadSeconds).
+  PrefixMatch Match(LoadPolicy policy, double recompute, double upper_rate, double lower_rate,
+                    double* load_seconds = nullptr) {
     KvManagerOptions o;
     o.block_size = kBs;
     o.num_device_blocks = 8;
@@ -60,7 +62,9 @@ struct Tiers {
     std::vector<LowerTier> t = {{upper.get(), WritePolicy::kWriteThrough, 0, upper_rate},
                                 {lower.get(), WritePolicy::kWriteThrough, 0, lower_rate}};
     auto mgr = std::move(KvManager::Create(o, nullptr, std::move(t), &clock)).value();
-    return mgr->Match(Prompt(), {});
+    PrefixMatch m = mgr->Match(Prompt(), {});
+    if (load_seconds != nullptr) *load_seconds = mgr->EstimateLoadSeconds(m);
+    return m;
   }
   ManualClock clock;
   std::unique_ptr<HostStore> upper, lower;
@@ -73,6 +77,22 @@ TEST(KvLoadPolicy, AutoLoadsWhenMovingBeatsRecomputing) {
   EXPECT_EQ(m.device_tokens, 0);
   EXPECT_EQ(m.lower_tokens, 12);
   EXPECT_EQ(m.lower_tier_tokens, (std::vector<int32_t>{12, 0}));
+}
+
+// What a router adds to a prediction for a lower-tier hit: each tier's
+// blocks at that tier's rate; a tier whose rate is unknown counts nothing.
+TEST(KvLoadPolicy, EstimatedLoadTimeIsEachTiersBlocksAtItsRate) {
+  Tiers t(1);  // block 0 in the upper tier, blocks 1 and 2 only in the lower
+  double secs = -1;
+  PrefixMatch m = t.Match(LoadPolicy::kAlways, 0, 3200, 6400, &secs);
+  EXPECT_EQ(m.lower_tier_tokens, (std::vector<int32_t>{4, 8}));
+  EXPECT_DOUBLE_EQ(secs, 32.0 / 3200 + 64.0 / 6400);
+  m = t.Match(LoadPolicy::kAlways, 0, 3200, 0, &secs);
+  EXPECT_DOUBLE_EQ(secs, 32.0 / 3200);
+  Tiers none(0);
+  m = none.Match(LoadPolicy::kNever, 0, 3200, 6400, &secs);
+  EXPECT_EQ(m.lower_tokens, 0);
+  EXPECT_EQ(secs, 0.0);
 }
 
 TEST(KvLoadPolicy, AutoRecomputesWhenLoadingIsSlower) {

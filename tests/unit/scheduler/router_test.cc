@@ -89,6 +89,46 @@ TEST(RouterTest, TtftWeighsCacheAffinityAgainstLoadAndSpeed) {
   EXPECT_EQ(r.Pick(std::vector<RouteCandidate>{Ttft(10, 0, 0, 3), Ttft(10, 0, 0, 1)}), 1u);
 }
 
+TEST(CostModelTest, RatesACalibrationGivesARouter) {
+  // 512-token chunks from 0: a + 512 b + c 512^2 / 2 seconds.
+  const CostModel m{0.002, 0.0001, 0, 0.004, 0.001, 0};
+  EXPECT_DOUBLE_EQ(m.PrefillTokensPerS(512), 512 / (0.002 + 0.0512));
+  EXPECT_DOUBLE_EQ(m.DecodeStepSeconds(4, 100), 0.004 + 0.004);
+  const CalibratedRates r = RatesFromCostModel(m);
+  EXPECT_DOUBLE_EQ(r.prefill_tokens_per_s, 512 / (0.002 + 0.0512));
+  EXPECT_DOUBLE_EQ(r.decode_step_seconds, 0.005);
+  EXPECT_EQ(RatesFromCostModel(CostModel{}).prefill_tokens_per_s, 0.0) << "no terms: not known";
+  EXPECT_EQ(RatesFromCostModel(CostModel{}).decode_step_seconds, 0.0);
+}
+
+RouteCandidate Decode(double tpot, int64_t free_kv, int32_t cached = 0, int unfinished = 0) {
+  RouteCandidate c;
+  c.tpot_seconds = tpot;
+  c.free_kv_tokens = free_kv;
+  c.cached_tokens = cached;
+  c.unfinished = unfinished;
+  return c;
+}
+
+TEST(RouterTest, TtftDecodeChoiceByRoomThenTimePerTokenThenCache) {
+  Router r(RoutingPolicy::kTtft);
+  // The lower time per output token wins.
+  EXPECT_EQ(r.PickDecode(std::vector<RouteCandidate>{Decode(0.05, 1000), Decode(0.02, 1000)}, 100), 1u);
+  // ... unless its pool cannot hold the prompt.
+  EXPECT_EQ(r.PickDecode(std::vector<RouteCandidate>{Decode(0.05, 1000), Decode(0.02, 50)}, 100), 0u);
+  // Unknown room counts as room; unknown time takes the mean of the known.
+  // (0.05 here: below 0.08; the 0.02 one has no room.)
+  EXPECT_EQ(r.PickDecode(std::vector<RouteCandidate>{Decode(0.08, 1000), Decode(0.02, 50), Decode(0, -1)}, 100), 2u);
+  // Equal times: the one holding more of the prompt, then fewer unfinished.
+  EXPECT_EQ(r.PickDecode(std::vector<RouteCandidate>{Decode(0.02, 1000, 32), Decode(0.02, 1000, 64)}, 100), 1u);
+  EXPECT_EQ(r.PickDecode(std::vector<RouteCandidate>{Decode(0.02, 1000, 0, 3), Decode(0.02, 1000, 0, 1)}, 100), 1u);
+  // None can hold it: still a choice (the reservation will say "not now").
+  EXPECT_EQ(r.PickDecode(std::vector<RouteCandidate>{Decode(0.05, 10), Decode(0.02, 10)}, 100), 1u);
+  // Other policies choose decode as prefill.
+  Router ll(RoutingPolicy::kLeastLoaded);
+  EXPECT_EQ(ll.PickDecode(std::vector<RouteCandidate>{Decode(0.01, 1000, 0, 2), Decode(0.9, 0, 0, 1)}, 100), 1u);
+}
+
 TEST(RouterTest, RoundRobinTakesTurnsWhateverIsCached) {
   Router r(RoutingPolicy::kRoundRobin);
   EXPECT_FALSE(r.needs_cached_tokens());
