@@ -165,7 +165,7 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
       "instance.host_write_policy", "instance.disk_write_policy", "instance.eviction_policy", "instance.host_eviction_policy",
       "instance.max_num_seqs",
       "instance.max_batch_tokens", "instance.cost.a", "instance.cost.b", "instance.cost.c", "instance.cost.d",
-      "instance.cost.e", "instance.cost.f", "instance.cost.calibrated"};
+      "instance.cost.e", "instance.cost.f", "instance.cost.calibrated", "slower.instances", "slower.factor"};
   STRATA_RETURN_IF_ERROR(cfg.CheckKnownKeys(kKnown));
   const std::string& origin = cfg.origin();
   ClusterConfig out;
@@ -177,6 +177,12 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
   if (!policy)
     return Status::InvalidArgument(origin + ": routing '" + routing + "' (" + scheduler::RoutingPolicyNames() + ")");
   out.routing = *policy;
+  STRATA_ASSIGN_OR_RETURN(int64_t slower, cfg.GetInt("slower.instances", 0));
+  if (slower < 0 || slower > n) return Status::InvalidArgument(origin + ": slower.instances must be in [0, instances]");
+  out.slower_instances = static_cast<int>(slower);
+  STRATA_ASSIGN_OR_RETURN(out.slower_factor, cfg.GetDouble("slower.factor", 1));
+  if (!(out.slower_factor >= 1) || out.slower_factor > 1000)
+    return Status::InvalidArgument(origin + ": slower.factor must be in [1, 1000]");
 
   STRATA_ASSIGN_OR_RETURN(std::string profile, cfg.GetString("instance.profile", "cpu-bench-110m"));
   auto base = ProfileInstance(profile);
@@ -268,6 +274,13 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
   }
   out.instance = std::move(ic);
   return out;
+}
+
+CostModel ClusterConfig::InstanceCost(int i) const {
+  CostModel m = instance.cost;
+  if (i < instances - slower_instances) return m;
+  for (double* v : {&m.a, &m.b, &m.c, &m.d, &m.e, &m.f}) *v *= slower_factor;
+  return m;
 }
 
 Result<ClusterConfig> LoadClusterConfig(const std::string& path) {

@@ -95,6 +95,14 @@ struct ClusterConfig {
   int instances = 1;
   Routing routing = Routing::kRoundRobin;
   InstanceConfig instance;
+  // A second group of unequal instances: the last `slower_instances` run
+  // every step `slower_factor` times as long (all of a..f scaled), as a live
+  // instance with `strata serve --debug-step-time-factor` does, or an
+  // older machine beside newer ones.
+  int slower_instances = 0;
+  double slower_factor = 1;
+  // The cost model of instance `i` (0-based).
+  CostModel InstanceCost(int i) const;
 };
 
 // Profile names: "cpu-bench-110m" (the default), "h200-llama-8b".
@@ -107,8 +115,11 @@ Result<InstanceConfig> ProfileInstance(const std::string& name);
 Result<uint64_t> KvBytesPerToken(const std::string& model, const std::string& dtype);
 
 // The cluster file (YAML):
-//   instances: 2                     # N identical instances
-//   routing: longest-prefix          # or round-robin
+//   instances: 2                     # N instances
+//   routing: longest-prefix          # round-robin | longest-prefix | least-loaded | ttft
+//   slower:                          # optional: the last N instances are F times slower per step
+//     instances: 1
+//     factor: 2
 //   instance:
 //     profile: h200-llama-8b         # starting values; the keys below override
 //     model: llama-8b                # sets kv_bytes_per_token (with kv_dtype)

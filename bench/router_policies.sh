@@ -10,15 +10,22 @@
 # prefills each instance got; then, per round, p90 TTFT of ttft ÷ each
 # other policy (below 1 = ttft is better).
 #
+# A policy written POLICY+slo runs that router with `--slo $ROUTER_SLO`
+# (early refusal); with both ttft and ttft+slo in POLICIES the rounds also
+# compare their goodput (requests meeting SLO per second) and print the
+# median observed ÷ predicted TTFT. E.g. admission under overload:
+#   POLICIES="ttft ttft+slo" ROUTER_SLO=ttft=1s SLO=ttft=1s RATE=2.5 bench/router_policies.sh
+#
 # Usage: bench/router_policies.sh [OUT_DIR]
 #   env: STRATA (build/tools/strata), MODEL (bench-110m q8_0 synthesised into
 #   OUT_DIR), SLOW (3), ROUNDS (3), POLICIES ("ttft round-robin
 #   least-loaded"), REQUESTS (40), INPUT_TOKENS (384), OUTPUT_TOKENS (8),
-#   RATE (open loop, requests/s; default 1.5), ROUTER_SLO (e.g.
-#   ttft=1s: the routers refuse early; default none), SLO (goodput limits
-#   of the bench, default ttft=2s).
-# Exit status: 0 when ttft has the lowest p90 TTFT in every round, 3 when
-# not, other non-zero on a failure. Needs python3 and curl.
+#   RATE (open loop, requests/s; default 1.2), ROUTER_SLO (the +slo
+#   routers' --slo, default ttft=1s), SLO (goodput limits of the bench,
+#   default ttft=2s).
+# Exit status: 0 when ttft has the lowest p90 TTFT of the policies without
+# +slo in every round (and, with ttft+slo, ttft+slo the higher goodput),
+# 3 when not, other non-zero on a failure. Needs python3 and curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STRATA=${STRATA:-build/tools/strata}
@@ -31,8 +38,8 @@ POLICIES=(${POLICIES:-ttft round-robin least-loaded})
 REQUESTS=${REQUESTS:-40}
 INPUT_TOKENS=${INPUT_TOKENS:-384}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-8}
-RATE=${RATE:-1.5}
-ROUTER_SLO=${ROUTER_SLO:-}
+RATE=${RATE:-1.2}
+ROUTER_SLO=${ROUTER_SLO:-ttft=1s}
 SLO=${SLO:-ttft=2s}
 MODEL=${MODEL:-$OUT/bench-110m-q8_0.gguf}
 if [ ! -f "$MODEL" ]; then
@@ -64,10 +71,10 @@ member prefill-1 prefill --debug-step-time-factor "$SLOW"
 member decode-0 decode
 for n in prefill-0 prefill-1 decode-0; do port_of "$OUT/$n.port" > /dev/null; done
 
-run() {  # round policy
-  local round=$1 policy=$2 tag="r$1-$2"
+run() {  # round policy[+slo]
+  local round=$1 policy=${2%+slo} tag="r$1-$2"
   local extra=()
-  [ -n "$ROUTER_SLO" ] && extra=(--slo "$ROUTER_SLO")
+  [ "$2" != "$policy" ] && extra=(--slo "$ROUTER_SLO")
   rm -f "$OUT/$tag.router.port"
   "$STRATA" router --model "$MODEL" --metadata "$META" --routing "$policy" --port 0 --grpc-port -1 \
     --port-file "$OUT/$tag.router.port" --log-level warn "${extra[@]}" > "$OUT/$tag.router.log" 2>&1 &
@@ -115,16 +122,45 @@ for r in range(1, rounds + 1):
         print(f"{r:<6} {p:<15} {s['requests_ok']:>4} {refused(tag):>7} {s['ttft_s']['p50']:>9.3f} {s['ttft_s']['p90']:>9.3f} "
               f"{s['goodput_rps']:>9.3f} {fast / max(1, fast + slow):>10.2f}")
 bad = 0
-if "ttft" in policies:
+plain = [p for p in policies if not p.endswith("+slo")]
+if "ttft" in plain and len(plain) > 1:
     print("\np90 TTFT, ttft / other (below 1: ttft better)")
     for r in range(1, rounds + 1):
         cells = []
-        for p in policies:
+        for p in plain:
             if p == "ttft":
                 continue
             ratio = p90[(r, "ttft")] / p90[(r, p)] if p90[(r, p)] else float("nan")
             bad += not ratio < 1
             cells.append(f"{p} {ratio:.2f}")
         print(f"round {r}: " + ", ".join(cells))
+def ratio_median(tag):
+    # The median bucket of strata_router_ttft_prediction_ratio (observed / predicted).
+    text = open(f"{out}/{tag}.metrics").read()
+    b = [(float(le) if le != "+Inf" else float("inf"), int(n)) for le, n in
+         re.findall(r'^strata_router_ttft_prediction_ratio_bucket\{le="([^"]+)"\} (\d+)', text, re.M)]
+    if not b or b[-1][1] == 0:
+        return None, 0
+    half = b[-1][1] / 2
+    lower = 0.0
+    for le, n in b:
+        if n >= half:
+            return (lower, le), b[-1][1]
+        lower = le
+    return None, 0
+if "ttft" in policies and "ttft+slo" in policies:
+    print("\nadmission: goodput with early refusal / without (above 1: refusing pays)")
+    for r in range(1, rounds + 1):
+        g = {p: json.load(open(f"{out}/r{r}-{p}.json"))["summary"]["goodput_rps"] for p in ("ttft", "ttft+slo")}
+        ratio = g["ttft+slo"] / g["ttft"] if g["ttft"] else float("inf")
+        bad += not ratio > 1
+        print(f"round {r}: {g['ttft+slo']:.3f} / {g['ttft']:.3f} = {ratio:.2f}")
+if "ttft" in policies:
+    print("\nobserved / predicted TTFT, median bucket (strata_router_ttft_prediction_ratio)")
+    for r in range(1, rounds + 1):
+        for p in policies:
+            if p.startswith("ttft"):
+                m, n = ratio_median(f"r{r}-{p}")
+                print(f"round {r} {p}: " + (f"({m[0]:g}, {m[1]:g}] of {n} predictions" if m else "no predictions"))
 sys.exit(3 if bad else 0)
 PY

@@ -90,6 +90,8 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
                   {"slo_ttft_s", o.slo_ttft_s},
                   {"slo_tpot_s", o.slo_tpot_s}};
   j["cluster"] = {{"instances", o.cluster.instances},
+                  {"slower_instances", o.cluster.slower_instances},
+                  {"slower_factor", o.cluster.slower_factor},
                   {"routing", std::string(scheduler::RoutingPolicyName(o.cluster.routing))},
                   {"profile", ic.profile},
                   {"model", ic.model},
@@ -112,6 +114,11 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
                   {"max_batch_tokens", ic.max_batch_tokens},
                   {"cost", nlohmann::json::parse(CostModelJson(ic.cost))},
                   {"cost_source", ic.cost_source}};
+  std::vector<int64_t> by_instance(static_cast<size_t>(o.cluster.instances), 0);
+  for (const SimRequestRecord& rec : r.records) {
+    if (rec.instance >= 0 && static_cast<size_t>(rec.instance) < by_instance.size()) ++by_instance[static_cast<size_t>(rec.instance)];
+  }
+  j["requests_by_instance"] = by_instance;
   if (!sweep.empty()) {
     nlohmann::json curve = nlohmann::json::array();
     for (const auto& [bytes, pr] : sweep) {
@@ -147,7 +154,11 @@ std::string SimReportText(const SimOptions& o, const SimResult& r, const std::st
                           const std::vector<std::pair<uint64_t, SimResult>>& sweep) {
   const InstanceConfig& ic = o.cluster.instance;
   std::string s;
-  s += "cluster: " + std::to_string(o.cluster.instances) + " x " + ic.profile + " (" + ic.model + "), routing " +
+  s += "cluster: " + std::to_string(o.cluster.instances) + " x " + ic.profile + " (" + ic.model + ")" +
+       (o.cluster.slower_instances > 0
+            ? " (" + std::to_string(o.cluster.slower_instances) + " of them " + Fmt("%g", o.cluster.slower_factor) + "x slower)"
+            : "") +
+       ", routing " +
        (std::string(scheduler::RoutingPolicyName(o.cluster.routing))) + ", device " +
        (o.unlimited_cache ? std::string("unlimited") : Gib(ic.device_bytes)) + ", host " + Gib(ic.host_bytes) +
        ", disk " + Gib(ic.disk_bytes) + (o.serial ? ", serial" : "") +

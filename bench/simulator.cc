@@ -201,7 +201,9 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   if (device_blocks < 1) return Status::InvalidArgument("the device pool holds no block");
 
   std::vector<Instance> inst(static_cast<size_t>(o.cluster.instances));
-  for (Instance& in : inst) {
+  for (size_t ii = 0; ii < inst.size(); ++ii) {
+    Instance& in = inst[ii];
+    const CostModel cost = o.cluster.InstanceCost(static_cast<int>(ii));
     kvcache::KvManagerOptions ko;
     ko.block_size = bs;
     ko.num_device_blocks = static_cast<int32_t>(device_blocks);
@@ -209,7 +211,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     ko.ns = kvcache::NamespaceDigest("simulated-" + ic.model, "llama", "f16", bs);
     ko.load_policy = kvcache::LoadPolicy::kAuto;
     ko.eviction_policy = ic.eviction_policy;
-    ko.recompute_tokens_per_s = ic.cost.recompute_tokens_per_s();
+    ko.recompute_tokens_per_s = cost.recompute_tokens_per_s();
     const std::vector<kvcache::TierSpec> specs = o.unlimited_cache ? std::vector<kvcache::TierSpec>{} : SimTierSpecs(ic);
     STRATA_ASSIGN_OR_RETURN(kvcache::OpenedTiers tiers,
                             kvcache::OpenTiers(specs, block_bytes, SimStoreMaker(ic, &clock)));
@@ -222,7 +224,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     in.stores = std::move(tiers.stores);
     STRATA_ASSIGN_OR_RETURN(in.kv,
                             kvcache::KvManager::Create(ko, kvcache::BlockMemoryFn{}, std::move(tiers.lowers), &clock));
-    in.runner = std::make_unique<SimRunner>(ic.cost, o.vocab_size);
+    in.runner = std::make_unique<SimRunner>(cost, o.vocab_size);
     scheduler::EngineOptions eo;
     eo.max_batch_tokens = ic.max_batch_tokens;
     eo.max_running = ic.max_num_seqs;
@@ -340,12 +342,18 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
       for (size_t j = 0; j < inst.size(); ++j) {
         inst[j].kv->Poll();
         scheduler::RouteCandidate& c = candidates[j];
-        c.cached_tokens = std::min<int32_t>(inst[j].kv->Match(sr.prompt, "").total(), p.prompt_len);
+        const kvcache::PrefixMatch m = inst[j].kv->Match(sr.prompt, "");
+        c.cached_tokens = std::min<int32_t>(m.total(), p.prompt_len);
         // ttft: what the instance would compute, what is queued there, its
-        // rate (lower-tier fetch time is not modelled in the choice).
+        // rate and the time to fetch the cached part from its lower tiers.
         c.uncached_tokens = p.prompt_len - c.cached_tokens;
         c.queue_tokens = inst[j].engine->Stats().pending_prefill_tokens;
         c.prefill_tokens_per_s = inst[j].runner->prefill_tokens_per_s();
+        c.load_seconds = inst[j].kv->EstimateLoadSeconds(m);
+        // The engine ran its current step at once in virtual time, so its
+        // queue no longer holds that step's tokens: the step's remaining
+        // time is work still owed (a negative "done").
+        c.queue_done_seconds = -static_cast<double>(std::max<int64_t>(0, inst[j].free_at - clock.NowNanos())) * 1e-9;
       }
       sr.prompt.pop_back();
     }

@@ -37,6 +37,7 @@ bool HandlePdLookup(scheduler::EngineClient* engine, const std::string& method, 
         a.running = stats.num_running;
         a.waiting = stats.num_waiting;
         a.load_seconds = m.load_seconds;
+        a.step_elapsed_seconds = stats.step_elapsed_seconds;
         const auto& pool = stats.kv.device_pool;
         a.device_free_tokens = static_cast<int64_t>(pool.num_blocks - pool.in_use) * m.block_size;
         a.device_tokens = static_cast<int64_t>(pool.num_blocks) * m.block_size;

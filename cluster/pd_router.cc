@@ -58,6 +58,8 @@ struct PdRouter::Flight {
   std::vector<int32_t> cached_by_kind;  // indexed like tier_kinds_
   bool finished = false;                // the final event was delivered
   double predicted_ttft = -1;           // of the instance first chosen (seconds; -1: not known)
+  double predicted_scale = 1;           // its ttft_scale then
+  std::string predicted_on;             // that instance
   int64_t routed_tokens = 0;            // prompt tokens counted in its prefill instance's queue (Pick)
   bool cancel_sent = false;             // Cancel was asked for (its final event is "abort")
 
@@ -138,6 +140,7 @@ void PdRouter::Refresh() {
       p.prefilling = old.prefilling;
       p.decoding = old.decoding;
       p.prefill_tokens = old.prefill_tokens;
+      p.ttft_scale = old.ttft_scale;
       p.avoid_until = old.avoid_until;
     }
   }
@@ -202,6 +205,7 @@ bool PdRouter::Pick(Flight& f, Phase phase, const std::set<std::string>& exclude
     const scheduler::CalibratedRates cal = Calibrated(cands[i].name);
     rc[i].prefill_tokens_per_s = cal.prefill_tokens_per_s;
     rc[i].tpot_seconds = cal.decode_step_seconds;
+    rc[i].ttft_scale = cands[i].ttft_scale;
   }
   const bool slo = phase == Phase::kPrefill ? options_.slo_ttft_seconds > 0 : options_.slo_tpot_seconds > 0;
   const bool looked = (router.needs_cached_tokens() && cands.size() > 1) || slo;
@@ -256,6 +260,7 @@ void PdRouter::LookUp(const Flight& f, Phase phase, const std::vector<PdInstance
     // Its own queue, or what this router sent it and it has not answered
     // yet when larger (requests on their way are not in its queue yet).
     c.queue_tokens = std::max(a->pending_prefill_tokens, cands[i].prefill_tokens);
+    if (c.queue_tokens == a->pending_prefill_tokens) c.queue_done_seconds = a->step_elapsed_seconds;
     if (a->prefill_tokens_per_s > 0) c.prefill_tokens_per_s = a->prefill_tokens_per_s;
     if (a->decode_step_seconds > 0) c.tpot_seconds = a->decode_step_seconds;
     c.load_seconds = phase == Phase::kPrefill ? a->load_seconds : 0;
@@ -277,6 +282,14 @@ void PdRouter::Unload(Phase phase, const std::string& name, int64_t tokens) {
     if (phase == Phase::kPrefill) it->prefill_tokens = std::max<int64_t>(0, it->prefill_tokens - tokens);
     if (it->role == "gone" && it->prefilling == 0 && it->decoding == 0) instances_.erase(it);
     return;
+  }
+}
+
+void PdRouter::Learn(const std::string& name, double predicted, double scale, double observed) {
+  const double target = std::clamp(scale * observed / predicted, 0.25, 8.0);
+  std::lock_guard lock(mu_);
+  for (PdInstance& p : instances_) {
+    if (p.name == name) p.ttft_scale = std::clamp(0.7 * p.ttft_scale + 0.3 * target, 0.25, 8.0);
   }
 }
 
@@ -431,7 +444,9 @@ bool PdRouter::Deliver(Flight& f, RequestOutput ev) {
   if (had_tokens && f.splicer.delivered_tokens() > 0 && f.first_token == 0) {
     f.first_token = now;
     if (f.predicted_ttft > 0) {
-      const double ratio = static_cast<double>(now - f.arrival) * 1e-9 / f.predicted_ttft;
+      const double observed = static_cast<double>(now - f.arrival) * 1e-9;
+      const double ratio = observed / f.predicted_ttft;
+      Learn(f.predicted_on, f.predicted_ttft, f.predicted_scale, observed);
       size_t b = 0;
       while (b < std::size(kTtftRatioBounds) && ratio > kTtftRatioBounds[b]) ++b;
       std::lock_guard lock(mu_);
@@ -560,7 +575,11 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
       Unload(Phase::kDecode, d.name);
       return true;
     }
-    if (f.predicted_ttft < 0) f.predicted_ttft = ttft.second;
+    if (f.predicted_ttft < 0) {
+      f.predicted_ttft = ttft.second;
+      f.predicted_scale = p.ttft_scale;
+      f.predicted_on = p.name;
+    }
   }
   const uint64_t rid = next_reservation_.fetch_add(1);
   ReserveRequest q{rid, f.request.prompt, f.request.cache_salt, options_.lease_ms, p.name};

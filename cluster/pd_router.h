@@ -155,6 +155,9 @@ struct PdInstance {
   int prefilling = 0;  // this router's requests in its prefill phase there
   int decoding = 0;    // ... in their decode phase there
   int64_t prefill_tokens = 0;  // prompt tokens this router sent it to compute, not yet answered
+  // Learned correction of its TTFT predictions (RouteCandidate::ttft_scale):
+  // moved towards observed ÷ predicted after each first token it gives.
+  double ttft_scale = 1;
   std::chrono::steady_clock::time_point avoid_until{};
 };
 
@@ -229,6 +232,11 @@ class PdRouter final : public scheduler::EngineClient {
   scheduler::CalibratedRates Calibrated(const std::string& name) const;
   // Undoes Pick's count; prefill: `tokens` is the flight's routed_tokens.
   void Unload(Phase phase, const std::string& name, int64_t tokens = 0);
+  // A first token at `observed` seconds whose prediction on `name` was
+  // `predicted` (made with `scale`): the instance's ttft_scale moves
+  // towards scale x observed / predicted (an exponential average, kept
+  // within [1/4, 8]).
+  void Learn(const std::string& name, double predicted, double scale, double observed);
   void Avoid(const std::string& name);
   // A blocking call on the flight's connection (aborted by Cancel).
   Result<HttpResponse> Call(Flight& f, const PdInstance& to, const std::string& path, const std::string& body,

@@ -464,6 +464,7 @@ std::string LookupReplyToJson(const LookupReply& r) {
               {"running", r.running},
               {"waiting", r.waiting},
               {"load_seconds", r.load_seconds},
+              {"step_elapsed_seconds", r.step_elapsed_seconds},
               {"device_free_tokens", r.device_free_tokens},
               {"device_tokens", r.device_tokens}}
       .dump();
@@ -479,6 +480,7 @@ Result<LookupReply> LookupReplyFromJson(const std::string& text) {
     a.running = r.Int<int>("running");
     a.waiting = r.Int<int>("waiting");
     a.load_seconds = r.Num("load_seconds", 0);
+    a.step_elapsed_seconds = r.Num("step_elapsed_seconds", 0);
     a.device_free_tokens = r.Int<int64_t>("device_free_tokens");
     a.device_tokens = r.Int<int64_t>("device_tokens");
     return a;

@@ -96,6 +96,7 @@ struct LookupReply {
   int running = 0;
   int waiting = 0;
   double load_seconds = 0;             // CacheMatch::load_seconds: fetching the lower-tier part
+  double step_elapsed_seconds = 0;     // EngineStats::step_elapsed_seconds
   int64_t device_free_tokens = 0;      // device pool tokens no request references (free or cached)
   int64_t device_tokens = 0;           // device pool capacity in tokens
 };

@@ -224,6 +224,15 @@ EngineStats Engine::Stats() const {
   EngineStats s = stats_;
   s.rejected_queue_full = rejected_;
   s.draining = draining_;
+  // Submitted since the last step: not in the snapshot yet, but queued.
+  for (const Pending& p : inbox_) s.pending_prefill_tokens += static_cast<int64_t>(p.request.prompt.size());
+  s.num_waiting = static_cast<int>(queued_);
+  const int64_t since = step_since_ns_.load(std::memory_order_relaxed);
+  if (since > 0) {
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    s.step_elapsed_seconds = static_cast<double>(std::max<int64_t>(0, now - since)) * 1e-9;
+  }
   return s;
 }
 
@@ -622,6 +631,8 @@ Result<bool> Engine::Step() {
     return out.did_work;
   }
   const auto forward_start = std::chrono::steady_clock::now();
+  step_since_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(step_start.time_since_epoch()).count(),
+                       std::memory_order_relaxed);
   Status st = runner_->Forward(out.batch, &logits_);
   if (options_.step_time_factor > 1) {
     std::this_thread::sleep_for((std::chrono::steady_clock::now() - forward_start) * (options_.step_time_factor - 1));
@@ -632,6 +643,7 @@ Result<bool> Engine::Step() {
   if (!st.ok())
     STRATA_LOG_ERROR("engine: forward pass over {} sequences failed: {}", out.entries.size(), st.ToString());
   Update(out, st, logits_);
+  step_since_ns_.store(0, std::memory_order_relaxed);
   if (st.ok()) {
     const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - step_start).count();
     step_nanos_ += static_cast<uint64_t>(nanos);

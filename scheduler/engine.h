@@ -287,6 +287,9 @@ class Engine final : public EngineClient {
   std::deque<Sequence*> waiting_;   // kept sorted by (priority, arrival order)
   std::vector<Sequence*> running_;  // admission order
   uint64_t step_nanos_ = 0, forward_nanos_ = 0, step_prefill_tokens_ = 0, step_decode_tokens_ = 0;
+  // Steady-clock nanoseconds at which the running step began; 0 between
+  // steps (written by the stepping thread, read by Stats()).
+  std::atomic<int64_t> step_since_ns_{0};
   double prefill_rate_ = 0;   // EngineStats::prefill_tokens_per_s
   double decode_step_s_ = 0;  // EngineStats::decode_step_seconds
   uint64_t steps_ = 0, preemptions_ = 0, prompt_tokens_ = 0, generation_tokens_ = 0;

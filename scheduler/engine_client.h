@@ -146,7 +146,8 @@ struct EngineStats {
   uint64_t step_decode_tokens = 0;
   // What a router predicts this instance's time to first token from:
   // prompt tokens of waiting and running requests still to compute (cached
-  // prefixes not subtracted), and the recent prefill rate (prompt tokens
+  // prefixes not subtracted; requests submitted since the last step
+  // included), and the recent prefill rate (prompt tokens
   // per second of the steps that computed prompt chunks, an exponential
   // average; 0 until one ran).
   int64_t pending_prefill_tokens = 0;
@@ -160,6 +161,10 @@ struct EngineStats {
   // measured ones until a step measures them.
   double calibrated_prefill_tokens_per_s = 0;
   double calibrated_decode_step_seconds = 0;
+  // How long the step running now has run (0 when none runs): the part of
+  // pending_prefill_tokens' time already spent (they are counted until the
+  // step that computes them ends).
+  double step_elapsed_seconds = 0;
   uint64_t preemptions = 0;
   uint64_t prompt_tokens = 0;      // of finished and running requests, counted at admission
   uint64_t generation_tokens = 0;

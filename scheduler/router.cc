@@ -86,7 +86,8 @@ CalibratedRates RatesFromCostModel(const CostModel& m) {
 double PredictTtftSeconds(const RouteCandidate& c, double fallback_rate) {
   const double rate = c.prefill_tokens_per_s > 0 ? c.prefill_tokens_per_s : fallback_rate;
   if (rate <= 0) return -1;
-  return static_cast<double>(c.queue_tokens + c.uncached_tokens) / rate + c.load_seconds;
+  const double queue = std::max(0.0, static_cast<double>(c.queue_tokens) / rate - c.queue_done_seconds);
+  return (queue + static_cast<double>(c.uncached_tokens) / rate) * c.ttft_scale + c.load_seconds;
 }
 
 size_t Router::Pick(std::span<const RouteCandidate> candidates) {

@@ -82,6 +82,15 @@ struct RouteCandidate {
   int64_t queue_tokens = 0;
   double prefill_tokens_per_s = 0;
   double load_seconds = 0;
+  // Seconds of the queue's work already done: the instance's running step
+  // has run this long (its tokens stay queued until it ends). Negative:
+  // work owed beyond queue_tokens (the simulator's step already taken
+  // from the queue but not yet over).
+  double queue_done_seconds = 0;
+  // A correction learned from this instance's recent requests (observed ÷
+  // predicted time to first token; 1 = none): what the queue-and-rate model
+  // misses (contention, batching, transfer waits).
+  double ttft_scale = 1;
   // Decode choice (PickDecode) under ttft: the seconds per output token it
   // runs at now (0 = not known), and the device KV tokens it has free
   // (-1 = not known).
@@ -90,7 +99,8 @@ struct RouteCandidate {
 };
 
 // Predicted time to first token at `c`:
-//   (queue_tokens + uncached_tokens) / rate + load_seconds,
+//   (max(0, queue_tokens / rate - queue_done_seconds) + uncached_tokens / rate)
+//     * ttft_scale + load_seconds,
 // with `c`'s prefill rate, or `fallback_rate` when it has none; a negative
 // value when neither is known.
 double PredictTtftSeconds(const RouteCandidate& c, double fallback_rate);

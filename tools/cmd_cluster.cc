@@ -199,6 +199,7 @@ int RunPredict(const ClusterFlags& f) {
     c.queue_tokens = a->pending_prefill_tokens;
     c.prefill_tokens_per_s = a->prefill_tokens_per_s;
     c.load_seconds = a->load_seconds;
+    c.queue_done_seconds = a->step_elapsed_seconds;
     c.unfinished = a->running + a->waiting;
     rc.push_back(c);
     who.push_back(&i);

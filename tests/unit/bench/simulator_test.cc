@@ -158,6 +158,39 @@ TEST(SimulatorTest, TwoInstancesLongestPrefixBeatsRoundRobin) {
   EXPECT_EQ(used[1], 250);
 }
 
+// Unequal instances (the cluster file's `slower` group): the slower one's
+// steps take `factor` times as long; ttft routing sends it fewer requests
+// than turn-taking does and gets a lower p90 time to first token.
+TEST(SimulatorTest, TtftRoutingGivesASlowerInstanceLessAndWinsOnTtft) {
+  SimOptions o = OneBlockPerId();
+  o.max_requests = 300;
+  o.time_scale = 10;  // arrivals 10 times as slow: busy, not swamped, on this profile
+  o.cluster.instances = 2;
+  o.cluster.slower_instances = 1;
+  o.cluster.slower_factor = 4;
+  EXPECT_DOUBLE_EQ(o.cluster.InstanceCost(1).b, 4 * o.cluster.InstanceCost(0).b);
+  EXPECT_DOUBLE_EQ(o.cluster.InstanceCost(1).d, 4 * o.cluster.InstanceCost(0).d);
+  auto share = [](const SimResult& r) {
+    int n[2] = {0, 0};
+    for (const SimRequestRecord& rec : r.records) ++n[rec.instance];
+    return static_cast<double>(n[1]) / (n[0] + n[1]);
+  };
+  o.cluster.routing = Routing::kRoundRobin;
+  auto rr = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(rr.ok()) << rr.error().ToString();
+  o.cluster.routing = Routing::kTtft;
+  auto tt = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(tt.ok()) << tt.error().ToString();
+  o.cluster.routing = Routing::kLeastLoaded;
+  auto ll = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(ll.ok()) << ll.error().ToString();
+  EXPECT_DOUBLE_EQ(share(*rr), 0.5);
+  EXPECT_LT(share(*tt), share(*ll)) << "the slower instance's share";
+  EXPECT_LT(share(*tt), 0.4);
+  EXPECT_LT(tt->ttft_p90_s, rr->ttft_p90_s);
+  EXPECT_LT(tt->ttft_p90_s, ll->ttft_p90_s);
+}
+
 TEST(SimulatorTest, TimingFollowsTheCostModel) {
   // One request of 2 ids x 16 tokens, 3 output tokens, alone on an instance
   // whose prefill costs 1 s + 0.5 s/token and decode 2 s per step.
@@ -426,6 +459,18 @@ TEST(ClusterConfigTest, ParsesOverridesAndRejectsUnknownKeys) {
   auto e = ParseClusterConfig(*bad, "");
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().message().find("devce_bytes"), std::string::npos) << e.error().message();
+  auto slower = Config::Parse("instances: 4\nrouting: ttft\nslower:\n  instances: 2\n  factor: 2.5\n", "c.yaml");
+  ASSERT_TRUE(slower.ok());
+  auto sc = ParseClusterConfig(*slower, "");
+  ASSERT_TRUE(sc.ok()) << sc.error().ToString();
+  EXPECT_EQ(sc->slower_instances, 2);
+  EXPECT_DOUBLE_EQ(sc->InstanceCost(1).b, sc->instance.cost.b);
+  EXPECT_DOUBLE_EQ(sc->InstanceCost(2).b, 2.5 * sc->instance.cost.b);
+  for (const char* text : {"instances: 2\nslower:\n  instances: 3\n", "slower:\n  factor: 0.5\n"}) {
+    auto b = Config::Parse(text, "c.yaml");
+    ASSERT_TRUE(b.ok());
+    EXPECT_FALSE(ParseClusterConfig(*b, "").ok()) << text;
+  }
   auto bad_routing = Config::Parse("routing: random\n", "c.yaml");
   ASSERT_TRUE(bad_routing.ok());
   EXPECT_FALSE(ParseClusterConfig(*bad_routing, "").ok());

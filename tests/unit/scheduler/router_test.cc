@@ -72,6 +72,13 @@ TEST(RouterTest, TtftPredictsFromTheQueueTheUncachedPartAndTheRate) {
   EXPECT_DOUBLE_EQ(PredictTtftSeconds(Ttft(100, 0, 0), 200), 0.5) << "an unknown rate takes the fallback";
   EXPECT_DOUBLE_EQ(PredictTtftSeconds(Ttft(100, 0, 1000, 0, 0.25), 0), 0.35) << "plus the fetch time";
   EXPECT_LT(PredictTtftSeconds(Ttft(100, 0, 0), 0), 0) << "nothing known";
+  RouteCandidate busy = Ttft(300, 700, 1000);
+  busy.queue_done_seconds = 0.5;  // half of the queue's 0.7 s already ran
+  EXPECT_DOUBLE_EQ(PredictTtftSeconds(busy, 0), 0.5);
+  busy.queue_done_seconds = 5;  // never below the prompt's own time
+  EXPECT_DOUBLE_EQ(PredictTtftSeconds(busy, 0), 0.3);
+  busy.ttft_scale = 2;  // the learned correction scales the compute part
+  EXPECT_DOUBLE_EQ(PredictTtftSeconds(busy, 0), 0.6);
 }
 
 TEST(RouterTest, TtftWeighsCacheAffinityAgainstLoadAndSpeed) {
