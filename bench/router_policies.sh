@@ -47,13 +47,7 @@ if [ ! -f "$MODEL" ]; then
 fi
 echo "router policies: prefill-0 normal, prefill-1 ${SLOW}x slower, 1 decode; $REQUESTS requests of $INPUT_TOKENS tokens at $RATE/s; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-port_of() {  # the "http" (or $2) port in a port file, waiting for it
-  for _ in $(seq 1 600); do [ -s "$1" ] && break; sleep 0.1; done
-  python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "${2:-http}"
-}
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+source bench/processes.sh
 
 "$STRATA" meta --port 0 --port-file "$OUT/meta.port" > "$OUT/meta.log" 2>&1 &
 PIDS+=($!)

@@ -217,17 +217,11 @@ bool PdRouter::Pick(Flight& f, Phase phase, const std::set<std::string>& exclude
     // Predictions need the lookups (or calibrations): prefill TTFT (an
     // unknown rate takes the mean of the known ones), decode the recent
     // decode step time.
-    double sum = 0;
-    int known = 0;
-    for (const auto& c : rc) {
-      if (c.prefill_tokens_per_s <= 0) continue;
-      sum += c.prefill_tokens_per_s;
-      ++known;
-    }
+    const double mean = scheduler::MeanKnownPrefillRate(rc);
     auto pred = [&](size_t i) {
       if (!looked) return -1.0;
       if (phase == Phase::kDecode) return rc[i].tpot_seconds > 0 ? rc[i].tpot_seconds : -1.0;
-      return scheduler::PredictTtftSeconds(rc[i], known > 0 ? sum / known : 0);
+      return scheduler::PredictTtftSeconds(rc[i], mean);
     };
     double best = -1;
     for (size_t i = 0; i < rc.size(); ++i) {

@@ -90,6 +90,17 @@ double PredictTtftSeconds(const RouteCandidate& c, double fallback_rate) {
   return (queue + static_cast<double>(c.uncached_tokens) / rate) * c.ttft_scale + c.load_seconds;
 }
 
+double MeanKnownPrefillRate(std::span<const RouteCandidate> candidates) {
+  double sum = 0;
+  int known = 0;
+  for (const RouteCandidate& c : candidates) {
+    if (c.prefill_tokens_per_s <= 0) continue;
+    sum += c.prefill_tokens_per_s;
+    ++known;
+  }
+  return known > 0 ? sum / known : 0.0;
+}
+
 size_t Router::Pick(std::span<const RouteCandidate> candidates) {
   const size_t n = candidates.size();
   size_t target = turn_ % n;
@@ -101,19 +112,9 @@ size_t Router::Pick(std::span<const RouteCandidate> candidates) {
   if (policy_ == RoutingPolicy::kLongestPrefix) {
     for (size_t j = 0; j < n; ++j) score[j] = -static_cast<double>(candidates[j].cached_tokens);
   } else if (policy_ == RoutingPolicy::kTtft) {
-    double sum = 0;
-    int known = 0;
-    for (const RouteCandidate& c : candidates) {
-      if (c.prefill_tokens_per_s > 0) {
-        sum += c.prefill_tokens_per_s;
-        ++known;
-      }
-    }
-    if (known == 0) {
-      for (size_t j = 0; j < n; ++j) score[j] = static_cast<double>(candidates[j].unfinished);
-    } else {
-      for (size_t j = 0; j < n; ++j) score[j] = PredictTtftSeconds(candidates[j], sum / known);
-    }
+    const double mean = MeanKnownPrefillRate(candidates);
+    for (size_t j = 0; j < n; ++j)
+      score[j] = mean > 0 ? PredictTtftSeconds(candidates[j], mean) : static_cast<double>(candidates[j].unfinished);
   } else {  // least-loaded
     for (size_t j = 0; j < n; ++j) score[j] = static_cast<double>(candidates[j].unfinished);
   }

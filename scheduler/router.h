@@ -104,6 +104,9 @@ struct RouteCandidate {
 // with `c`'s prefill rate, or `fallback_rate` when it has none; a negative
 // value when neither is known.
 double PredictTtftSeconds(const RouteCandidate& c, double fallback_rate);
+// The mean prefill rate of the candidates that know theirs (0 when none
+// does): the fallback rate for the others.
+double MeanKnownPrefillRate(std::span<const RouteCandidate> candidates);
 
 class Router {
  public:

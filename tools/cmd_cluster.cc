@@ -28,6 +28,7 @@
 #include "tools/commands.h"
 #include "tools/transfer_flags.h"
 #include "transfer/metadata.h"
+#include "transfer/wire.h"
 
 namespace strata::cli {
 
@@ -50,16 +51,13 @@ int Fail(const char* cmd, const Status& s) {
   return 1;
 }
 
+// The host and port of an instance's "host:port" address (transfer::SplitHostPort).
 bool SplitAddress(const std::string& address, std::string* host, int* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  *host = address.substr(0, colon);
-  try {
-    *port = std::stoi(address.substr(colon + 1));
-  } catch (...) {
-    return false;
-  }
-  return *port > 0 && *port < 65536;
+  auto hp = transfer::SplitHostPort(address);
+  if (!hp) return false;
+  *host = hp->first;
+  *port = hp->second;
+  return true;
 }
 
 std::string Describe(const Result<HttpResponse>& r) {
@@ -206,16 +204,12 @@ int RunPredict(const ClusterFlags& f) {
     replies.push_back(*a);
   }
   if (rc.empty()) return Fail("predict", Status::Unavailable("no prefill instance answered"));
-  double sum = 0;
-  int known = 0;
-  for (const auto& c : rc) {
-    if (c.prefill_tokens_per_s > 0) sum += c.prefill_tokens_per_s, ++known;
-  }
+  const double mean = scheduler::MeanKnownPrefillRate(rc);
   scheduler::Router router(scheduler::RoutingPolicy::kTtft);
   const size_t pick = router.Pick(rc);
   json cands = json::array();
   for (size_t k = 0; k < rc.size(); ++k) {
-    const double ttft = scheduler::PredictTtftSeconds(rc[k], known > 0 ? sum / known : 0);
+    const double ttft = scheduler::PredictTtftSeconds(rc[k], mean);
     cands.push_back({{"name", who[k]->name},
                      {"role", who[k]->role},
                      {"cached_tokens", rc[k].cached_tokens},
