@@ -1,5 +1,11 @@
 #include "model/gguf_export.h"
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "model/backend/cpu/quant.h"
 #include "model/gguf_tokenizer.h"
 #include "model/gguf_writer.h"
 
@@ -54,35 +60,76 @@ Status CheckTokenizerWritable(const TokenizerSpec& tok) {
 }
 
 Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path) {
+  return WriteModelGguf(w, tok, path, GgufExportOptions{});
+}
+
+namespace {
+
+// The bytes of rows [r0, r1) of `t` converted to `to`, into `out`.
+void ConvertRows(const Tensor& t, DType to, int64_t r0, int64_t r1, uint8_t* out) {
+  const int64_t cols = t.cols();
+  std::vector<float> row(static_cast<size_t>(cols));
+  const size_t out_row = RowBytes(to, cols);
+  for (int64_t r = r0; r < r1; ++r) {
+    cpu::DequantizeRow(t.type, t.row(r), row.data(), cols);
+    cpu::QuantizeRow(to, row.data(), out + static_cast<size_t>(r - r0) * out_row, cols);
+  }
+}
+
+// Streams `t` converted to `to` into `sink`, a chunk of rows at a time, the
+// rows of a chunk split over `threads`.
+Status ProduceConverted(const Tensor& t, DType to, ThreadPool* pool, const GgufWriter::Sink& sink) {
+  const int64_t rows = t.rows();
+  const size_t out_row = RowBytes(to, t.cols());
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((size_t{16} << 20) / std::max<size_t>(out_row, 1)));
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min(chunk, rows)) * out_row);
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t r1 = std::min(rows, r0 + chunk);
+    if (pool != nullptr) {
+      pool->ParallelFor(static_cast<size_t>(r1 - r0), 1, [&](size_t b, size_t e) {
+        ConvertRows(t, to, r0 + static_cast<int64_t>(b), r0 + static_cast<int64_t>(e), buf.data() + b * out_row);
+      });
+    } else {
+      ConvertRows(t, to, r0, r1, buf.data());
+    }
+    STRATA_RETURN_IF_ERROR(sink(buf.data(), static_cast<size_t>(r1 - r0) * out_row));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path,
+                      const GgufExportOptions& opt) {
   const ModelConfig& c = w.config;
   STRATA_RETURN_IF_ERROR(CheckWritable(c));
   STRATA_RETURN_IF_ERROR(CheckTokenizerWritable(tok));
   GgufWriter out;
   AddConfig(c, c.name.empty() ? "strata-model" : c.name, &out);
+  if (opt.synthetic) out.SetBool("strata.synthetic", true);
   AddTokenizerToGguf(tok, &out);
-  auto add = [&](const std::string& name, const Tensor& t) -> Status {
-    if (!t.present()) return Status::Ok();
-    return out.AddTensor(name, t.type, t.ne, t.data, t.nbytes);
-  };
-  STRATA_RETURN_IF_ERROR(add("token_embd.weight", w.tok_embd));
-  for (int i = 0; i < c.n_layers; ++i) {
-    const LayerWeights& l = w.layers[static_cast<size_t>(i)];
-    std::string p = "blk." + std::to_string(i) + ".";
-    STRATA_RETURN_IF_ERROR(add(p + "attn_norm.weight", l.attn_norm));
-    STRATA_RETURN_IF_ERROR(add(p + "attn_q.weight", l.wq));
-    STRATA_RETURN_IF_ERROR(add(p + "attn_k.weight", l.wk));
-    STRATA_RETURN_IF_ERROR(add(p + "attn_v.weight", l.wv));
-    STRATA_RETURN_IF_ERROR(add(p + "attn_q.bias", l.bq));
-    STRATA_RETURN_IF_ERROR(add(p + "attn_k.bias", l.bk));
-    STRATA_RETURN_IF_ERROR(add(p + "attn_v.bias", l.bv));
-    STRATA_RETURN_IF_ERROR(add(p + "attn_output.weight", l.wo));
-    STRATA_RETURN_IF_ERROR(add(p + "ffn_norm.weight", l.ffn_norm));
-    STRATA_RETURN_IF_ERROR(add(p + "ffn_gate.weight", l.w_gate));
-    STRATA_RETURN_IF_ERROR(add(p + "ffn_up.weight", l.w_up));
-    STRATA_RETURN_IF_ERROR(add(p + "ffn_down.weight", l.w_down));
-  }
-  STRATA_RETURN_IF_ERROR(add("output_norm.weight", w.output_norm));
-  if (!c.tied_embeddings) STRATA_RETURN_IF_ERROR(add("output.weight", w.output));
+  std::unique_ptr<ThreadPool> pool;
+  if (opt.threads > 1) pool = std::make_unique<ThreadPool>(opt.threads, 0);
+  Status st;
+  ForEachWeightTensor(w, [&](const std::string& name, const Tensor& t) {
+    if (!st.ok()) return;
+    auto it = opt.types.find(name);
+    if (it == opt.types.end() || it->second == t.type) {
+      st = out.AddTensor(name, t.type, t.ne, t.data, t.nbytes);
+      return;
+    }
+    const DType to = it->second;
+    if (t.cols() % GetDTypeInfo(to).block_elems != 0) {
+      st = Status::InvalidArgument("tensor " + name + ": rows of " + std::to_string(t.cols()) +
+                                   " elements do not divide into " + std::string(DTypeName(to)) + " blocks");
+      return;
+    }
+    ThreadPool* p = pool.get();
+    st = out.AddTensorProduced(name, to, t.ne, [&t, to, p](const GgufWriter::Sink& sink) {
+      return ProduceConverted(t, to, p, sink);
+    });
+  });
+  STRATA_RETURN_IF_ERROR(st);
   return out.Write(path);
 }
 

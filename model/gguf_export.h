@@ -1,6 +1,7 @@
 #pragma once
 // Writing models as standard GGUF files that other GGUF readers load.
 
+#include <map>
 #include <string>
 
 #include "common/status.h"
@@ -12,6 +13,19 @@ namespace strata {
 
 // Writes `w` (any supported tensor types) with `tok` as its tokenizer.
 Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path);
+
+struct GgufExportOptions {
+  // Tensors (by GGUF name) written in another type: decoded to f32 and
+  // encoded again (QuantizeRow), a chunk of rows at a time while writing.
+  // A tensor not named keeps its stored type and bytes.
+  std::map<std::string, DType> types;
+  bool synthetic = false;  // mark the file as random weights (strata.synthetic)
+  int threads = 1;         // threads converting (the caller's included)
+};
+// The same, with tensors converted as `opt` says. InvalidArgument when a
+// tensor's rows do not divide into its new type's blocks.
+Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path,
+                      const GgufExportOptions& opt);
 
 // Writes a synthetic model tensor by tensor (generated while writing, so a
 // multi-GB model never sits in memory). The file says it is synthetic:

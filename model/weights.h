@@ -58,6 +58,35 @@ struct ModelWeights {
 // plus their last 4 KiB, so multi-GB models hash in milliseconds).
 std::string ComputeWeightsDigest(const ModelWeights& w);
 
+// Calls fn(gguf_name, tensor) for every present tensor of `w` in GGUF naming
+// and file order (token_embd, then each layer's, output_norm, output; the
+// output is skipped when the embeddings are tied).
+template <typename Fn>
+void ForEachWeightTensor(const ModelWeights& w, Fn&& fn) {
+  auto add = [&](const std::string& name, const Tensor& t) {
+    if (t.present()) fn(name, t);
+  };
+  add("token_embd.weight", w.tok_embd);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& l = w.layers[i];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    add(p + "attn_norm.weight", l.attn_norm);
+    add(p + "attn_q.weight", l.wq);
+    add(p + "attn_k.weight", l.wk);
+    add(p + "attn_v.weight", l.wv);
+    add(p + "attn_q.bias", l.bq);
+    add(p + "attn_k.bias", l.bk);
+    add(p + "attn_v.bias", l.bv);
+    add(p + "attn_output.weight", l.wo);
+    add(p + "ffn_norm.weight", l.ffn_norm);
+    add(p + "ffn_gate.weight", l.w_gate);
+    add(p + "ffn_up.weight", l.w_up);
+    add(p + "ffn_down.weight", l.w_down);
+  }
+  add("output_norm.weight", w.output_norm);
+  if (!w.config.tied_embeddings) add("output.weight", w.output);
+}
+
 // Checks that every tensor is present with the shape the config implies and
 // a supported type (norms and biases must be F32, F16 or BF16).
 Status ValidateWeights(const ModelWeights& w);

@@ -6,6 +6,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <cctype>
+#include <algorithm>
 
 #include "common/logging.h"
 #include "common/mapped_file.h"
@@ -14,6 +17,7 @@
 #include "model/gguf_tokenizer.h"
 #include "model/hf_writer.h"
 #include "model/model_loader.h"
+#include "model/quantize.h"
 #include "model/synth.h"
 #include "tools/commands.h"
 
@@ -183,10 +187,61 @@ int RunSynth(const SynthFlags& f) {
   return 0;
 }
 
+struct QuantizeFlags {
+  std::string model, out, dtype;
+  int threads = 0;
+  bool allow_requantize = false, json = false;
+};
+
+std::string ShapeText(const std::vector<int64_t>& ne) {
+  std::string s;
+  for (int64_t d : ne) s += (s.empty() ? "" : " x ") + std::to_string(d);
+  return s;
+}
+
+int RunQuantize(const QuantizeFlags& f) {
+  auto loaded = LoadModel(f.model);
+  if (!loaded) return Fail("quantize", loaded.error());
+  const LoadedModel& m = **loaded;
+  auto plan = PlanQuantization(m.weights, f.dtype, f.allow_requantize);
+  if (!plan) return Fail("quantize", plan.error().WithContext(f.model));
+  const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  Status s = WriteQuantizedGguf(m.weights, m.tokenizer->spec(), *plan, m.synthetic, threads, f.out);
+  if (!s.ok()) return Fail("quantize", s.WithContext(f.out));
+  std::error_code ec;
+  const auto out_bytes = std::filesystem::file_size(f.out, ec);
+  int fallbacks = 0;
+  for (const auto& t : plan->tensors) fallbacks += t.fallback ? 1 : 0;
+  if (f.json) {
+    nlohmann::json j;
+    j["model"] = f.model;
+    j["out"] = f.out;
+    j["dtype"] = f.dtype;
+    j["out_bytes"] = ec ? 0 : out_bytes;
+    j["fallbacks"] = fallbacks;
+    nlohmann::json ts = nlohmann::json::array();
+    for (const auto& t : plan->tensors)
+      ts.push_back({{"name", t.name}, {"shape", t.ne}, {"from", DTypeName(t.from)}, {"to", DTypeName(t.to)},
+                    {"fallback", t.fallback}});
+    j["tensors"] = ts;
+    j["census"] = plan->Census();
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  for (const auto& t : plan->tensors)
+    std::printf("%-28s %-16s %-5s -> %-5s%s\n", t.name.c_str(), ShapeText(t.ne).c_str(),
+                std::string(DTypeName(t.from)).c_str(), std::string(DTypeName(t.to)).c_str(),
+                t.fallback ? "  (fallback: rows do not divide into the recipe's blocks)" : "");
+  std::printf("census (%s):", f.dtype.c_str());
+  for (const auto& [type, n] : plan->Census()) std::printf(" %s %d", type.c_str(), n);
+  std::printf("; %d fallbacks\nwrote %s (%.1f MiB)\n", fallbacks, f.out.c_str(), ec ? 0.0 : out_bytes / 1048576.0);
+  return 0;
+}
+
 }  // namespace
 
 void RegisterModel(CLI::App& app, int* exit_code) {
-  CLI::App* model = app.add_subcommand("model", "inspect model files; write synthetic models");
+  CLI::App* model = app.add_subcommand("model", "inspect, quantize and synthesize model files");
   model->require_subcommand(1);
   model->fallthrough();
 
@@ -212,6 +267,24 @@ void RegisterModel(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"gguf", "hf"}))
       ->capture_default_str();
   synth->callback([sf, exit_code] { *exit_code = RunSynth(*sf); });
+
+  auto qf = std::make_shared<QuantizeFlags>();
+  CLI::App* quant = model->add_subcommand(
+      "quantize", "write a GGUF copy of a model with its matrices in another type (llama-quantize's recipes)");
+  quant->add_option("--model", qf->model, "input: GGUF file or Hugging Face directory (f32, f16 or bf16 weights)")
+      ->required();
+  quant->add_option("--out", qf->out, "output GGUF file")->required();
+  quant->add_option("--dtype", qf->dtype,
+                    "q8_0, q4_0, q4_k, q5_k, q6_k (every matrix), q4_k_m (llama.cpp's Q4_K_M mix), f16, bf16, f32")
+      ->required()
+      ->check(CLI::IsMember(QuantizeRecipeNames(), CLI::ignore_case));
+  quant->add_option("--threads", qf->threads, "threads converting (0 = all)")->capture_default_str();
+  quant->add_flag("--allow-requantize", qf->allow_requantize, "quantize tensors that are already quantized");
+  quant->add_flag("--json", qf->json, "print the plan and census as one JSON object");
+  quant->callback([qf, exit_code] {
+    for (auto& c : qf->dtype) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    *exit_code = RunQuantize(*qf);
+  });
 }
 
 }  // namespace strata::cli

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterMeta(app, &exit_code);
   strata::cli::RegisterRouter(app, &exit_code);
   strata::cli::RegisterCluster(app, &exit_code);
+  strata::cli::RegisterEval(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

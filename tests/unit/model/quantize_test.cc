@@ -1,0 +1,189 @@
+// strata model quantize's library: the per-tensor plan (pure types, the
+// q4_k_m recipe, the fallback rule, requantizing refused) and the file it
+// writes (bytes equal to the reference quantizers', values within each
+// format's error bound, loadable).
+
+#include "model/quantize.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "model/backend/cpu/quant.h"
+#include "model/gguf_tokenizer.h"
+#include "model/model_loader.h"
+#include "model/synth.h"
+#include "tests/support/test_env.h"
+
+namespace strata {
+namespace {
+
+ModelConfig Shape(int dim, int layers, int ffn, int vocab) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.name = "quantize-test";
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = dim / 4;
+  c.ffn_dim = ffn;
+  c.vocab_size = vocab;
+  c.context_length = 128;
+  c.rms_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  return c;
+}
+
+ModelWeights Synth(const ModelConfig& c, DType t = DType::kF32) {
+  SynthOptions opt;
+  opt.dtype = t;
+  auto w = MakeSyntheticWeights(c, opt);
+  EXPECT_TRUE(w) << w.error().ToString();
+  return std::move(*w);
+}
+
+const TensorQuantPlan* Find(const QuantizePlan& p, const std::string& name) {
+  for (const auto& t : p.tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+// Llama-2-7B's layout (32 layers): llama-quantize Q4_K_M gives 193 q4_K, 33
+// q6_K (attn_v and ffn_down of 16 layers, and output) and 65 f32 tensors.
+TEST(Quantize, Q4KMRecipeMatchesLlamaQuantizeOn32Layers) {
+  ModelWeights w = Synth(Shape(256, 32, 256, 512));
+  auto plan = PlanQuantization(w, "q4_k_m", false);
+  ASSERT_TRUE(plan) << plan.error().ToString();
+  auto census = plan->Census();
+  EXPECT_EQ(census["q4_k"], 193);
+  EXPECT_EQ(census["q6_k"], 33);
+  EXPECT_EQ(census["f32"], 65);
+  EXPECT_EQ(census.size(), 3u);
+  // use_more_bits(i, 32): i < 4, i >= 28, or (i - 4) % 3 == 2.
+  for (int i = 0; i < 32; ++i) {
+    const bool more = i < 4 || i >= 28 || (i - 4) % 3 == 2;
+    const std::string p = "blk." + std::to_string(i) + ".";
+    EXPECT_EQ(Find(*plan, p + "attn_v.weight")->to, more ? DType::kQ6_K : DType::kQ4_K) << i;
+    EXPECT_EQ(Find(*plan, p + "ffn_down.weight")->to, more ? DType::kQ6_K : DType::kQ4_K) << i;
+    EXPECT_EQ(Find(*plan, p + "attn_q.weight")->to, DType::kQ4_K);
+    EXPECT_EQ(Find(*plan, p + "attn_norm.weight")->to, DType::kF32);
+  }
+  EXPECT_EQ(Find(*plan, "output.weight")->to, DType::kQ6_K);
+  EXPECT_EQ(Find(*plan, "token_embd.weight")->to, DType::kQ4_K);
+  for (const auto& t : plan->tensors) EXPECT_FALSE(t.fallback) << t.name;
+}
+
+TEST(Quantize, TiedEmbeddingsTakeTheOutputType) {
+  ModelConfig c = Shape(256, 8, 256, 512);
+  c.tied_embeddings = true;
+  ModelWeights w = Synth(c);
+  auto plan = PlanQuantization(w, "q4_k_m", false);
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(Find(*plan, "token_embd.weight")->to, DType::kQ6_K);
+  EXPECT_EQ(Find(*plan, "output.weight"), nullptr);
+}
+
+TEST(Quantize, FallbackRuleForRowsThatDoNotDivideIntoBlocks) {
+  // dim 96: rows of 96 divide into 32-blocks, not 256; ffn 200 into neither.
+  ModelWeights w = Synth(Shape(96, 2, 200, 256));
+  auto plan = PlanQuantization(w, "q4_k", false);
+  ASSERT_TRUE(plan);
+  const TensorQuantPlan* q = Find(*plan, "blk.0.attn_q.weight");  // rows of 96
+  EXPECT_EQ(q->to, DType::kQ8_0);
+  EXPECT_TRUE(q->fallback);
+  const TensorQuantPlan* down = Find(*plan, "blk.0.ffn_down.weight");  // rows of 200
+  EXPECT_EQ(down->to, DType::kF16);
+  EXPECT_TRUE(down->fallback);
+  auto q8 = PlanQuantization(w, "q8_0", false);
+  ASSERT_TRUE(q8);
+  EXPECT_EQ(Find(*q8, "blk.0.attn_q.weight")->to, DType::kQ8_0);
+  EXPECT_FALSE(Find(*q8, "blk.0.attn_q.weight")->fallback);
+  EXPECT_EQ(Find(*q8, "blk.0.ffn_down.weight")->to, DType::kF16);
+}
+
+TEST(Quantize, UnknownRecipeAndRequantizingAreRefused) {
+  ModelWeights w = Synth(Shape(256, 2, 256, 512));
+  auto bad = PlanQuantization(w, "q3_k", false);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("q4_k_m"), std::string::npos) << bad.error().message();
+  ModelWeights q = Synth(Shape(256, 2, 256, 512), DType::kQ8_0);
+  auto again = PlanQuantization(q, "q4_k", false);
+  ASSERT_FALSE(again);
+  EXPECT_NE(again.error().message().find("--allow-requantize"), std::string::npos);
+  EXPECT_TRUE(PlanQuantization(q, "q4_k", true));
+  EXPECT_TRUE(PlanQuantization(q, "q8_0", false)) << "keeping a type is not requantizing";
+}
+
+// Relative RMS error bound of each format on N(0, s) weights.
+double RmsBound(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return 0.01;
+    case DType::kQ6_K:
+      return 0.03;
+    case DType::kQ5_K:
+      return 0.06;
+    case DType::kQ4_K:
+      return 0.12;
+    case DType::kQ4_0:
+      return 0.15;
+    case DType::kF16:
+      return 1e-3;
+    case DType::kBF16:
+      return 8e-3;
+    default:
+      return 0;
+  }
+}
+
+TEST(Quantize, WrittenFilesHoldTheReferenceQuantizersBytesWithinEachFormatsBound) {
+  const std::string dir = testing::MakeTempDir("strata-quantize-");
+  ModelWeights w = Synth(Shape(256, 2, 512, 512));
+  for (const char* recipe : {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "f16", "bf16"}) {
+    SCOPED_TRACE(recipe);
+    auto plan = PlanQuantization(w, recipe, false);
+    ASSERT_TRUE(plan);
+    const std::string path = dir + "/" + recipe + ".gguf";
+    ASSERT_TRUE(WriteQuantizedGguf(w, SyntheticVocab(512), *plan, true, 2, path).ok());
+    auto m = LoadModel(path);
+    ASSERT_TRUE(m) << m.error().ToString();
+    EXPECT_TRUE((*m)->synthetic);
+    std::map<std::string, const Tensor*> got;
+    ForEachWeightTensor((*m)->weights, [&](const std::string& name, const Tensor& t) { got[name] = &t; });
+    ASSERT_EQ(got.size(), plan->tensors.size());
+    for (const auto& tp : plan->tensors) {
+      const Tensor* t = got[tp.name];
+      ASSERT_NE(t, nullptr) << tp.name;
+      ASSERT_EQ(t->type, tp.to) << tp.name;
+      ASSERT_EQ(t->ne, tp.ne);
+      const Tensor* src = nullptr;
+      ForEachWeightTensor(w, [&](const std::string& n, const Tensor& s) {
+        if (n == tp.name) src = &s;
+      });
+      ASSERT_NE(src, nullptr);
+      const int64_t cols = t->cols();
+      std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(cols));
+      std::vector<uint8_t> want(RowBytes(tp.to, cols));
+      double err2 = 0, sum2 = 0;
+      for (int64_t r = 0; r < t->rows(); ++r) {
+        cpu::DequantizeRow(src->type, src->row(r), x.data(), cols);
+        cpu::QuantizeRow(tp.to, x.data(), want.data(), cols);
+        ASSERT_EQ(0, std::memcmp(want.data(), t->row(r), want.size())) << tp.name << " row " << r;
+        cpu::DequantizeRow(t->type, t->row(r), y.data(), cols);
+        for (int64_t k = 0; k < cols; ++k) {
+          err2 += (x[k] - y[k]) * static_cast<double>(x[k] - y[k]);
+          sum2 += x[k] * static_cast<double>(x[k]);
+        }
+      }
+      if (tp.to != DType::kF32) {
+        EXPECT_LE(std::sqrt(err2 / sum2), RmsBound(tp.to)) << tp.name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
