@@ -102,6 +102,15 @@ void RegisterEval(CLI::App& app, int* exit_code) {
                 "f32 activations in every product (today the only path; kept for scripts)");
   kld->add_flag("--json", f->json, "print one JSON object");
   kld->callback([f, exit_code] { *exit_code = RunKld(*f); });
+
+  auto words = std::make_shared<int>(6000);
+  CLI::App* text = eval->add_subcommand("text", "print the default evaluation text (to give other tools the same text)");
+  text->add_option("--words", *words, "about this many words")->check(CLI::PositiveNumber)->capture_default_str();
+  text->callback([words, exit_code] {
+    std::fputs(DefaultEvalText(*words).c_str(), stdout);
+    std::fputs("\n", stdout);
+    *exit_code = 0;
+  });
 }
 
 }  // namespace strata::cli

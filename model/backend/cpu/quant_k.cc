@@ -41,7 +41,7 @@ float FitScaleMin(int n, int nmax, const float* x, const float* w, uint8_t* L, f
   for (int i = 0; i < n; ++i) {
     L[i] = static_cast<uint8_t>(std::clamp(NearestInt(iscale * (x[i] - min)), 0, nmax));
     const float diff = scale * L[i] + min - x[i];
-    best_err += w[i] * diff * diff;
+    best_err += w[i] * (diff * diff);  // ggml's order
   }
   uint8_t trial[32];
   for (int is = 0; is <= nstep; ++is) {
@@ -51,7 +51,7 @@ float FitScaleMin(int n, int nmax, const float* x, const float* w, uint8_t* L, f
       const int l = std::clamp(NearestInt(iscale * (x[i] - min)), 0, nmax);
       trial[i] = static_cast<uint8_t>(l);
       sum_l += w[i] * static_cast<float>(l);
-      sum_l2 += w[i] * static_cast<float>(l * l);
+      sum_l2 += w[i] * static_cast<float>(l) * static_cast<float>(l);  // ggml's order: (w*l)*l
       sum_xl += w[i] * static_cast<float>(l) * x[i];
     }
     const float det = sum_w * sum_l2 - sum_l * sum_l;
@@ -65,7 +65,7 @@ float FitScaleMin(int n, int nmax, const float* x, const float* w, uint8_t* L, f
     float err = 0.f;
     for (int i = 0; i < n; ++i) {
       const float diff = this_scale * trial[i] + this_min - x[i];
-      err += w[i] * diff * diff;
+      err += w[i] * (diff * diff);
     }
     if (err < best_err) {
       std::memcpy(L, trial, static_cast<size_t>(n));
@@ -101,7 +101,7 @@ float FitScaleSymmetric(int n, int nmax, const float* x, int8_t* L) {
       const int l = std::clamp(NearestInt(iscale * x[i]), -nmax, nmax - 1);
       const float w = x[i] * x[i];
       *sumlx += w * x[i] * static_cast<float>(l);
-      *suml2 += w * static_cast<float>(l * l);
+      *suml2 += w * static_cast<float>(l) * static_cast<float>(l);  // ggml's order: (w*l)*l
     }
   };
   auto assign = [&](float iscale) {

@@ -558,5 +558,48 @@ TEST(QuantRoundTripTest, PartialBlocksAreNotTouched) {
   }
 }
 
+// QuantizeRow's bytes are ggml's: the FNV-1a hashes below are of the output
+// of ggml's quantize_row_*_ref (llama.cpp c392e509, libggml-base built by its
+// CMake Release defaults, after ggml_init) on this input. Float operations must keep ggml's
+// order (e.g. (w * l) * l, w * (d * d)) for the K-quants' fits to choose the
+// same levels; `strata model quantize` files then equal llama-quantize's byte
+// for byte (docs/PERFORMANCE.md).
+TEST(QuantRoundTripTest, BytesEqualGgmlReferenceQuantizers) {
+  // Continuous values (sums of three uniforms) over 2,048 super-blocks: the
+  // K-quants' fits compare float sums, and an operation order other than
+  // ggml's changed ~0.3% of blocks of such input.
+  constexpr int kN = 1 << 19;
+  std::vector<float> x(kN);
+  uint32_t s = 12345;
+  for (int i = 0; i < kN; ++i) {
+    float v = 0.0f;
+    for (int k = 0; k < 3; ++k) {
+      s = s * 1664525u + 1013904223u;
+      v += static_cast<float>(static_cast<int32_t>(s >> 8) - 8388608) / 8388608.0f;
+    }
+    v *= 0.0173f * static_cast<float>(1 + (i / 256) % 3);
+    if (i % 997 == 0) v *= 5.0f;  // outliers
+    x[static_cast<size_t>(i)] = v;
+  }
+  auto fnv = [](const std::vector<uint8_t>& b) {
+    uint64_t h = 1469598103934665603ull;
+    for (uint8_t c : b) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+    return h;
+  };
+  const std::pair<DType, uint64_t> want[] = {{DType::kQ8_0, 0xa4089494486ca053ull},
+                                             {DType::kQ4_0, 0x01260b7a3f5c048dull},
+                                             {DType::kQ4_K, 0x7631ccafffc56f91ull},
+                                             {DType::kQ5_K, 0x579ec92e1834c79aull},
+                                             {DType::kQ6_K, 0xfce8fae01ef07acbull}};
+  for (const auto& [t, hash] : want) {
+    std::vector<uint8_t> out(RowBytes(t, kN));
+    QuantizeRow(t, x.data(), out.data(), kN);
+    EXPECT_EQ(fnv(out), hash) << DTypeName(t);
+  }
+}
+
 }  // namespace
 }  // namespace strata::cpu
