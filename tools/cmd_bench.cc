@@ -315,6 +315,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   RegisterBenchCalibrate(bench, exit_code);
   RegisterBenchKvcache(bench, exit_code);
   RegisterBenchTransfer(bench, exit_code);
+  RegisterBenchVsLlamacpp(bench, exit_code);
 }
 
 }  // namespace strata::cli

@@ -28,6 +28,8 @@ void RegisterCache(CLI::App& app, int* exit_code);
 void RegisterTransfer(CLI::App& app, int* exit_code);
 // `strata bench transfer` (tools/cmd_bench_transfer.cc).
 void RegisterBenchTransfer(CLI::App* bench, int* exit_code);
+// `strata bench vs-llamacpp` (tools/cmd_bench_vs.cc).
+void RegisterBenchVsLlamacpp(CLI::App* bench, int* exit_code);
 // `strata meta` (tools/cmd_meta.cc).
 void RegisterMeta(CLI::App& app, int* exit_code);
 // `strata router` (tools/cmd_router.cc).

@@ -146,8 +146,9 @@ void PackScaleMinK4(const uint8_t sc[8], const uint8_t m[8], uint8_t scales[12])
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 
 // Encodes n floats as type `t` (any DType). Quantized types follow ggml's
-// reference quantizers (quantize_row_*_ref, no importance matrix), so files
-// written by Strata quantize like llama.cpp's. Inputs must be finite for the
+// reference quantizers (quantize_row_*_ref, no importance matrix), float
+// operations in ggml's order, so the bytes are llama-quantize's (pinned by
+// QuantRoundTripTest.BytesEqualGgmlReferenceQuantizers). Inputs must be finite for the
 // quantized types; non-finite values give unspecified (but in-bounds) codes.
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n);
 

@@ -1,0 +1,211 @@
+// strata bench vs-llamacpp: Strata and llama.cpp on the same GGUF file, the
+// same machine, in the same run, alternating, as ratios (issue 21's figure
+// of merit). llama.cpp is an external build (docs/PERFORMANCE.md says how);
+// nothing of it is linked.
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "tools/commands.h"
+
+namespace strata::cli {
+
+namespace {
+
+struct VsFlags {
+  std::string llamacpp_dir, model;
+  int rounds = 5, threads = 2;
+  int batched_context = 512;  // prompt of each of the 32 sequences
+  bool batched = true, json = false;
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `cmd` through the shell; stdout, or an error naming the command.
+Result<std::string> Capture(const std::string& cmd) {
+  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>/dev/null").c_str(), "r"), ::pclose);
+  if (!p) return Status::Internal("cannot run: " + cmd);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
+  const int rc = ::pclose(p.release());
+  if (rc != 0) return Status::Internal("exit status " + std::to_string(rc) + " from: " + cmd);
+  return out;
+}
+
+Result<std::string> FindTool(const std::string& dir, const std::string& name) {
+  for (const char* sub : {"/build/bin/", "/bin/", "/"}) {
+    std::string p = dir + sub + name;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(p, ec)) return p;
+  }
+  return Status::NotFound(name + " not found under " + dir + " (build/bin, bin or the directory itself)");
+}
+
+struct Figures {
+  double decode = 0, prefill = 0, batched = 0;  // tokens per second
+};
+
+Result<Figures> RunLlama(const VsFlags& f, const std::string& bench, const std::string& batched) {
+  Figures r;
+  STRATA_ASSIGN_OR_RETURN(std::string out, Capture(Quote(bench) + " -m " + Quote(f.model) + " -p 512 -n 128 -t " +
+                                                       std::to_string(f.threads) + " -o json"));
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (!j.is_array()) return Status::Internal("llama-bench printed no JSON array");
+  for (const auto& e : j) {
+    if (e.value("n_prompt", 0) == 512 && e.value("n_gen", 0) == 0) r.prefill = e.value("avg_ts", 0.0);
+    if (e.value("n_prompt", 0) == 0 && e.value("n_gen", 0) == 128) r.decode = e.value("avg_ts", 0.0);
+  }
+  if (!batched.empty()) {
+    const int npp = f.batched_context;
+    STRATA_ASSIGN_OR_RETURN(std::string t, Capture(Quote(batched) + " -m " + Quote(f.model) + " -c " +
+                                                   std::to_string(32 * (npp + 32)) + " -npp " + std::to_string(npp) +
+                                                   " -ntg 32 -npl 32 -t " + std::to_string(f.threads)));
+    // The table row after the header naming "S_TG t/s".
+    std::istringstream in(t);
+    std::string line;
+    int col = -1;
+    while (std::getline(in, line)) {
+      std::vector<std::string> cells;
+      std::stringstream ls(line);
+      for (std::string c; std::getline(ls, c, '|');) {
+        c.erase(0, c.find_first_not_of(' '));
+        c.erase(c.find_last_not_of(' ') + 1);
+        cells.push_back(c);
+      }
+      if (col < 0) {
+        for (size_t i = 0; i < cells.size(); ++i)
+          if (cells[i] == "S_TG t/s") col = static_cast<int>(i);
+      } else if (static_cast<int>(cells.size()) > col && !cells[1].empty() && cells[1][0] != '-') {
+        r.batched = std::atof(cells[static_cast<size_t>(col)].c_str());
+        break;
+      }
+    }
+    if (r.batched <= 0) return Status::Internal("llama-batched-bench printed no S_TG figure");
+  }
+  return r;
+}
+
+Result<Figures> RunStrata(const VsFlags& f) {
+  Figures r;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string base = Quote(self) + " bench kernels --log-level warn --model " + Quote(f.model) +
+                           " --threads " + std::to_string(f.threads) + " --json";
+  STRATA_ASSIGN_OR_RETURN(std::string out, Capture(base + " --context 64 --batches 1 --prefill 512"));
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (!j.is_object() || j["decode"].empty()) return Status::Internal("strata bench kernels printed no figures");
+  r.decode = j["decode"][0].value("tokens_per_s", 0.0);
+  r.prefill = j["prefill"].value("tokens_per_s", 0.0);
+  if (f.batched) {
+    STRATA_ASSIGN_OR_RETURN(std::string b, Capture(base + " --context " + std::to_string(f.batched_context) +
+                                                           " --batches 32 --prefill 16"));
+    auto jb = nlohmann::json::parse(b, nullptr, false);
+    if (!jb.is_object() || jb["decode"].empty()) return Status::Internal("strata bench kernels printed no figures");
+    r.batched = jb["decode"][0].value("tokens_per_s", 0.0);
+  }
+  return r;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int RunVs(const VsFlags& f) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "strata bench vs-llamacpp: %s\n", s.message().c_str());
+    return 1;
+  };
+  auto bench = FindTool(f.llamacpp_dir, "llama-bench");
+  if (!bench) return fail(bench.error());
+  std::string batched;
+  if (f.batched) {
+    auto b = FindTool(f.llamacpp_dir, "llama-batched-bench");
+    if (!b) return fail(b.error().WithContext("--no-batched skips the batched figure"));
+    batched = *b;
+  }
+  const std::string batched_name = "batched_32x" + std::to_string(f.batched_context);
+  const char* names[] = {"decode_b1", "prefill_512", batched_name.c_str()};
+  std::vector<double> ratios[3];
+  nlohmann::json rounds = nlohmann::json::array();
+  for (int round = 0; round < f.rounds; ++round) {
+    Figures s, l;
+    // Alternate which engine goes first: the VM's bandwidth drifts by the minute.
+    for (int k = 0; k < 2; ++k) {
+      const bool strata_now = (k == 0) == (round % 2 == 0);
+      if (strata_now) {
+        auto r = RunStrata(f);
+        if (!r) return fail(r.error());
+        s = *r;
+      } else {
+        auto r = RunLlama(f, *bench, batched);
+        if (!r) return fail(r.error());
+        l = *r;
+      }
+    }
+    const double sv[3] = {s.decode, s.prefill, s.batched}, lv[3] = {l.decode, l.prefill, l.batched};
+    nlohmann::json jr = {{"round", round + 1}, {"first", round % 2 == 0 ? "strata" : "llama.cpp"}};
+    for (int i = 0; i < (f.batched ? 3 : 2); ++i) {
+      const double ratio = lv[i] > 0 ? sv[i] / lv[i] : 0;
+      ratios[i].push_back(ratio);
+      jr[names[i]] = {{"strata_tokens_per_s", sv[i]}, {"llamacpp_tokens_per_s", lv[i]}, {"ratio", ratio}};
+    }
+    rounds.push_back(jr);
+    if (!f.json) {
+      std::printf("round %d (%s first):", round + 1, round % 2 == 0 ? "strata" : "llama.cpp");
+      for (int i = 0; i < (f.batched ? 3 : 2); ++i)
+        std::printf("  %s %.1f / %.1f tok/s = %.3f", names[i], sv[i], lv[i], ratios[i].back());
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+  nlohmann::json summary = nlohmann::json::object();
+  for (int i = 0; i < (f.batched ? 3 : 2); ++i)
+    summary[names[i]] = {{"median_ratio", Median(ratios[i])},
+                         {"min_ratio", *std::min_element(ratios[i].begin(), ratios[i].end())}};
+  if (f.json) {
+    nlohmann::json j = {{"model", f.model}, {"threads", f.threads}, {"rounds", rounds}, {"summary", summary}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    for (auto& [k, v] : summary.items())
+      std::printf("%-16s median ratio %.3f, lowest round %.3f (Strata / llama.cpp; > 1: Strata faster)\n", k.c_str(),
+                  v["median_ratio"].get<double>(), v["min_ratio"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterBenchVsLlamacpp(CLI::App* bench, int* exit_code) {
+  auto f = std::make_shared<VsFlags>();
+  CLI::App* vs = bench->add_subcommand(
+      "vs-llamacpp", "Strata against llama.cpp on the same file, alternating rounds, as ratios");
+  vs->add_option("--llamacpp-dir", f->llamacpp_dir, "llama.cpp checkout or build (has build/bin/llama-bench)")
+      ->required();
+  vs->add_option("--model", f->model, "GGUF file both engines load")->required()->check(CLI::ExistingFile);
+  vs->add_option("--rounds", f->rounds, "alternating rounds")->check(CLI::Range(1, 1000))->capture_default_str();
+  vs->add_option("--threads", f->threads, "threads for both engines")->check(CLI::Range(1, 1024))->capture_default_str();
+  vs->add_option("--batched-context", f->batched_context,
+                 "tokens of context of each of the 32 sequences in the batched figure")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  vs->add_flag("!--no-batched", f->batched, "skip the batched decode figure (32 x 512, llama-batched-bench)");
+  vs->add_flag("--json", f->json, "print one JSON object");
+  vs->callback([f, exit_code] { *exit_code = RunVs(*f); });
+}
+
+}  // namespace strata::cli
