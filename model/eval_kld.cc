@@ -11,9 +11,11 @@ namespace strata {
 double KlDivergence(const float* ref, const float* cand, int n) {
   double max_r = -INFINITY, max_c = -INFINITY;
   for (int i = 0; i < n; ++i) {
+    if (std::isnan(ref[i]) || std::isnan(cand[i])) return NAN;
     max_r = std::max(max_r, static_cast<double>(ref[i]));
     max_c = std::max(max_c, static_cast<double>(cand[i]));
   }
+  if (!std::isfinite(max_r) || !std::isfinite(max_c)) return NAN;  // +inf, or every logit -inf
   double sum_r = 0, sum_c = 0;
   for (int i = 0; i < n; ++i) {
     sum_r += std::exp(static_cast<double>(ref[i]) - max_r);
@@ -23,10 +25,11 @@ double KlDivergence(const float* ref, const float* cand, int n) {
   double kl = 0;
   for (int i = 0; i < n; ++i) {
     const double lp = static_cast<double>(ref[i]) - log_zr;
+    if (lp == -INFINITY) continue;  // p = 0 contributes nothing
     const double lq = static_cast<double>(cand[i]) - log_zc;
-    kl += std::exp(lp) * (lp - lq);
+    kl += std::exp(lp) * (lp - lq);  // +inf where the model gives 0 to a token the reference does not
   }
-  return std::max(0.0, kl);
+  return std::max(0.0, kl);  // rounding can give -1e-17
 }
 
 namespace {
@@ -64,13 +67,15 @@ Result<KldResult> EvaluateKld(const ModelWeights& model, const ModelWeights& ref
                                    " tokens, the reference's " + std::to_string(b.vocab_size));
   const int ctx = opt.context;
   if (ctx < 4 || ctx > std::min(a.context_length, b.context_length))
-    return Status::InvalidArgument("context " + std::to_string(ctx) + " must be in [4, " +
-                                   std::to_string(std::min(a.context_length, b.context_length)) + "]");
+    return Status::InvalidArgument("--context " + std::to_string(ctx) + " must be in [4, " +
+                                   std::to_string(std::min(a.context_length, b.context_length)) +
+                                   "] (the models' context length)");
   int chunks = static_cast<int>(tokens.size() / static_cast<size_t>(ctx));
   if (opt.max_chunks > 0) chunks = std::min(chunks, opt.max_chunks);
   if (chunks == 0)
     return Status::InvalidArgument("the text has " + std::to_string(tokens.size()) +
-                                   " tokens, fewer than one chunk of " + std::to_string(ctx));
+                                   " tokens, fewer than one chunk of " + std::to_string(ctx) +
+                                   " (give a longer --text or a smaller --context)");
   KvOptions kv;
   kv.block_size = 16;
   kv.dtype = opt.kv_dtype;
@@ -94,7 +99,11 @@ Result<KldResult> EvaluateKld(const ModelWeights& model, const ModelWeights& ref
     for (int p = first; p < ctx - 1; ++p) {
       const float* m = lm.data() + static_cast<size_t>(p) * static_cast<size_t>(vocab);
       const float* r = lr.data() + static_cast<size_t>(p) * static_cast<size_t>(vocab);
-      klds.push_back(KlDivergence(r, m, vocab));
+      const double kl = KlDivergence(r, m, vocab);
+      if (std::isnan(kl))
+        return Status::Internal("non-finite logits at position " + std::to_string(p) + " of chunk " +
+                                std::to_string(c) + " (of the model or the reference)");
+      klds.push_back(kl);
       agree += ArgMax(m, vocab) == ArgMax(r, vocab) ? 1 : 0;
       const int32_t next = chunk[static_cast<size_t>(p) + 1];
       nll_model -= LogProb(m, vocab, next);
@@ -154,46 +163,43 @@ const char* const kSayings[] = {"Look at this!", "Can you help me?", "I am not a
 const char* const kLessons[] = {"sharing makes everyone happy", "it is good to be kind", "friends help each other",
                                 "you should never give up", "it is okay to ask for help", "being brave is not easy"};
 
+// Every draw is a named local, taken in order: the operands of one `+`
+// chain are evaluated in an unspecified order, which would make the text
+// depend on the compiler.
 std::string Sentence(Rng& r, const std::string& hero, const std::string& friend_) {
-  std::string s;
-  switch (r.Next() % 10) {
-    case 0:
-      s = std::string(r.Pick(kTimes)) + ", " + hero + " went to the " + r.Pick(kPlaces) + " with a " +
-          r.Pick(kAdjectives) + " " + r.Pick(kObjects) + ".";
-      break;
+  const uint64_t kind = r.Next() % 10;
+  const std::string a = r.Pick(kAdjectives), o = r.Pick(kObjects), p = r.Pick(kPlaces);
+  const std::string n = r.Pick(kAnimals), f = r.Pick(kFeelings), say = r.Pick(kSayings);
+  switch (kind) {
+    case 0: {
+      const std::string t = r.Pick(kTimes);
+      return t + ", " + hero + " went to the " + p + " with a " + a + " " + o + ".";
+    }
     case 1:
-      s = hero + " saw a " + r.Pick(kAdjectives) + " " + r.Pick(kAnimals) + " near the " + r.Pick(kPlaces) + ".";
-      break;
+      return hero + " saw a " + a + " " + n + " near the " + p + ".";
     case 2:
-      s = std::string("\"") + r.Pick(kSayings) + "\" said " + hero + ".";
-      break;
-    case 3:
-      s = hero + " felt " + r.Pick(kFeelings) + " because the " + r.Pick(kObjects) + " was " + r.Pick(kAdjectives) +
-          ".";
-      break;
-    case 4:
-      s = hero + " wanted to " + r.Pick(kVerbs) + " the " + r.Pick(kObjects) + ", but it was too " +
-          r.Pick(kAdjectives) + ".";
-      break;
+      return "\"" + say + "\" said " + hero + ".";
+    case 3: {
+      const std::string a2 = r.Pick(kAdjectives);
+      return hero + " felt " + f + " because the " + o + " was " + a2 + ".";
+    }
+    case 4: {
+      const std::string v = r.Pick(kVerbs);
+      return hero + " wanted to " + v + " the " + o + ", but it was too " + a + ".";
+    }
     case 5:
-      s = "So " + hero + " asked " + friend_ + " for help, and " + friend_ + " said yes.";
-      break;
-    case 6:
-      s = std::string("Together they ") + r.Pick(kPast) + " the " + r.Pick(kObjects) + " and " + r.Pick(kPast) +
-          " the " + r.Pick(kObjects) + " too.";
-      break;
+      return "So " + hero + " asked " + friend_ + " for help, and " + friend_ + " said yes.";
+    case 6: {
+      const std::string v1 = r.Pick(kPast), v2 = r.Pick(kPast), o2 = r.Pick(kObjects);
+      return "Together they " + v1 + " the " + o + " and " + v2 + " the " + o2 + " too.";
+    }
     case 7:
-      s = "The " + std::string(r.Pick(kAnimals)) + " was " + r.Pick(kFeelings) + " and ran to the " +
-          r.Pick(kPlaces) + ".";
-      break;
+      return "The " + n + " was " + f + " and ran to the " + p + ".";
     case 8:
-      s = friend_ + " smiled and gave " + hero + " a " + r.Pick(kAdjectives) + " " + r.Pick(kObjects) + ".";
-      break;
+      return friend_ + " smiled and gave " + hero + " a " + a + " " + o + ".";
     default:
-      s = std::string("\"") + r.Pick(kSayings) + "\" " + friend_ + " asked, and " + hero + " laughed.";
-      break;
+      return "\"" + say + "\" " + friend_ + " asked, and " + hero + " laughed.";
   }
-  return s;
 }
 
 }  // namespace
@@ -206,11 +212,13 @@ std::string DefaultEvalText(int words, uint64_t seed) {
     const std::string hero = r.Pick(kNames);
     std::string friend_ = r.Pick(kNames);
     if (friend_ == hero) friend_ = "the " + std::string(r.Pick(kAnimals));
-    std::string para = "Once upon a time, there was a " + std::string(r.Pick(kAdjectives)) + " " +
-                       (r.Next() % 2 ? "girl" : "boy") + " named " + hero + ".";
+    const std::string adjective = r.Pick(kAdjectives);
+    const char* child = r.Next() % 2 ? "girl" : "boy";
+    std::string para = "Once upon a time, there was a " + adjective + " " + child + " named " + hero + ".";
     const int sentences = 5 + static_cast<int>(r.Next() % 5);
     for (int i = 0; i < sentences; ++i) para += " " + Sentence(r, hero, friend_);
-    para += std::string(" In the end, ") + hero + " learned that " + r.Pick(kLessons) + ".";
+    const std::string lesson = r.Pick(kLessons);
+    para += " In the end, " + hero + " learned that " + lesson + ".";
     count += static_cast<int>(std::count(para.begin(), para.end(), ' ')) + 1;
     if (!text.empty()) text += "\n\n";
     text += para;

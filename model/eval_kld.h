@@ -41,13 +41,16 @@ struct KldResult {
   double model_ppl = 0;
 };
 
-// REQUIRES: both weights have the same vocabulary size; tokens < vocab.
-// InvalidArgument when the tokens do not fill one chunk, or the shapes differ.
+// InvalidArgument when the vocabulary sizes differ, a token id is out of
+// range, --context is outside [4, context length] or the tokens do not fill
+// one chunk; Internal when either model gives a non-finite logit. Holds two
+// KV pools of `context` tokens and 2 x context x vocab floats of logits.
 Result<KldResult> EvaluateKld(const ModelWeights& model, const ModelWeights& reference,
                               std::span<const int32_t> tokens, const KldOptions& opt, ThreadPool* pool);
 
 // Per position (exposed for tests): KL(p || q) of the softmaxes of logits
-// `ref` and `cand` (n floats each), in double precision.
+// `ref` and `cand` (n floats each), in double precision. NaN when a logit is
+// NaN or +inf (or all are -inf); +inf when q gives 0 where p does not.
 double KlDivergence(const float* ref, const float* cand, int n);
 
 // English prose the project writes itself (a seeded grammar of short story

@@ -125,7 +125,8 @@ Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std
       return;
     }
     ThreadPool* p = pool.get();
-    st = out.AddTensorProduced(name, to, t.ne, [&t, to, p](const GgufWriter::Sink& sink) {
+    // The Tensor is a view (copied); its bytes belong to `w`, which outlives Write().
+    st = out.AddTensorProduced(name, to, t.ne, [t, to, p](const GgufWriter::Sink& sink) {
       return ProduceConverted(t, to, p, sink);
     });
   });

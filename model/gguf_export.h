@@ -22,8 +22,11 @@ struct GgufExportOptions {
   bool synthetic = false;  // mark the file as random weights (strata.synthetic)
   int threads = 1;         // threads converting (the caller's included)
 };
-// The same, with tensors converted as `opt` says. InvalidArgument when a
-// tensor's rows do not divide into its new type's blocks.
+// The same, with tensors converted as `opt` says (while writing: `w`'s
+// storage is read until this returns). InvalidArgument when a tensor's rows
+// do not divide into its new type's blocks; Unsupported for weights GGUF
+// cannot carry as they are (NeoX RoPE pairing under arch llama/mistral, as a
+// Hugging Face Llama directory loads; Llama-3 RoPE scaling).
 Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path,
                       const GgufExportOptions& opt);
 

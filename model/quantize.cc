@@ -67,7 +67,8 @@ Result<QuantizePlan> PlanQuantization(const ModelWeights& w, const std::string& 
       const DType want = mix ? Q4KMType(name, LayerOf(name), w.config.n_layers, w.config.tied_embeddings) : *pure;
       p.to = SynthTensorType(want, t.cols());
       p.fallback = p.to != want;
-      if (p.to != t.type && IsQuantized(t.type) && !allow_requantize) {
+      // Decoding to f32/f16/bf16 loses nothing (f16/bf16 round once); quantizing again does.
+      if (p.to != t.type && IsQuantized(t.type) && IsQuantized(p.to) && !allow_requantize) {
         st = Status::InvalidArgument("tensor " + name + " is already " + std::string(DTypeName(t.type)) +
                                      "; quantizing it again loses precision (pass --allow-requantize to do it "
                                      "anyway, or start from an f32, f16 or bf16 model)");

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "common/status.h"
 #include "tools/commands.h"
 
@@ -33,17 +36,35 @@ std::string Quote(const std::string& s) {
   return q + "'";
 }
 
-// Runs `cmd` through the shell; stdout, or an error naming the command.
+// Runs `cmd` through the shell; its stdout, or an error naming the command
+// with how it ended and the end of its stderr.
 Result<std::string> Capture(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>/dev/null").c_str(), "r"), ::pclose);
-  if (!p) return Status::Internal("cannot run: " + cmd);
+  char err_path[] = "/tmp/strata-vs-stderr-XXXXXX";
+  const int fd = ::mkstemp(err_path);
+  if (fd < 0) return Status::Internal("cannot create a temporary file for stderr");
+  ::close(fd);
+  std::unique_ptr<FILE, int (*)(FILE*)> p(::popen((cmd + " 2>" + Quote(err_path)).c_str(), "r"), ::pclose);
+  if (!p) {
+    std::remove(err_path);
+    return Status::Internal("cannot run: " + cmd);
+  }
   std::string out;
   std::array<char, 4096> buf{};
   size_t n;
   while ((n = std::fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-  const int rc = ::pclose(p.release());
-  if (rc != 0) return Status::Internal("exit status " + std::to_string(rc) + " from: " + cmd);
-  return out;
+  const int status = ::pclose(p.release());
+  std::string err;
+  if (FILE* e = std::fopen(err_path, "r")) {
+    while ((n = std::fread(buf.data(), 1, buf.size(), e)) > 0) err.append(buf.data(), n);
+    std::fclose(e);
+  }
+  std::remove(err_path);
+  if (status == 0) return out;
+  const std::string how = WIFEXITED(status)     ? "exit status " + std::to_string(WEXITSTATUS(status))
+                          : WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                                                : "status " + std::to_string(status);
+  if (err.size() > 600) err = "..." + err.substr(err.size() - 600);
+  return Status::Internal(how + " from: " + cmd + (err.empty() ? "" : "\n" + err));
 }
 
 Result<std::string> FindTool(const std::string& dir, const std::string& name) {
@@ -66,9 +87,12 @@ Result<Figures> RunLlama(const VsFlags& f, const std::string& bench, const std::
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (!j.is_array()) return Status::Internal("llama-bench printed no JSON array");
   for (const auto& e : j) {
+    if (!e.is_object()) continue;
     if (e.value("n_prompt", 0) == 512 && e.value("n_gen", 0) == 0) r.prefill = e.value("avg_ts", 0.0);
     if (e.value("n_prompt", 0) == 0 && e.value("n_gen", 0) == 128) r.decode = e.value("avg_ts", 0.0);
   }
+  if (!(r.prefill > 0) || !(r.decode > 0))
+    return Status::Internal("llama-bench's JSON has no positive pp512 and tg128 figures");
   if (!batched.empty()) {
     const int npp = f.batched_context;
     STRATA_ASSIGN_OR_RETURN(std::string t, Capture(Quote(batched) + " -m " + Quote(f.model) + " -c " +
@@ -89,7 +113,8 @@ Result<Figures> RunLlama(const VsFlags& f, const std::string& bench, const std::
       if (col < 0) {
         for (size_t i = 0; i < cells.size(); ++i)
           if (cells[i] == "S_TG t/s") col = static_cast<int>(i);
-      } else if (static_cast<int>(cells.size()) > col && !cells[1].empty() && cells[1][0] != '-') {
+      } else if (static_cast<int>(cells.size()) > col && cells.size() >= 2 && !cells[1].empty() &&
+                 cells[1][0] != '-') {
         r.batched = std::atof(cells[static_cast<size_t>(col)].c_str());
         break;
       }
@@ -99,22 +124,32 @@ Result<Figures> RunLlama(const VsFlags& f, const std::string& bench, const std::
   return r;
 }
 
+// decode[0].tokens_per_s (and prefill.tokens_per_s) of `strata bench kernels --json`.
+Status ReadKernels(const std::string& out, double* decode, double* prefill) {
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (!j.is_object() || !j.contains("decode") || !j["decode"].is_array() || j["decode"].empty() ||
+      !j["decode"][0].is_object() || !j.contains("prefill") || !j["prefill"].is_object())
+    return Status::Internal("strata bench kernels printed no figures");
+  *decode = j["decode"][0].value("tokens_per_s", 0.0);
+  if (prefill != nullptr) *prefill = j["prefill"].value("tokens_per_s", 0.0);
+  if (!(*decode > 0) || (prefill != nullptr && !(*prefill > 0)))
+    return Status::Internal("strata bench kernels printed a figure that is not positive");
+  return Status::Ok();
+}
+
 Result<Figures> RunStrata(const VsFlags& f) {
   Figures r;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return Status::Internal("cannot find this executable: " + ec.message());
   const std::string base = Quote(self) + " bench kernels --log-level warn --model " + Quote(f.model) +
                            " --threads " + std::to_string(f.threads) + " --json";
   STRATA_ASSIGN_OR_RETURN(std::string out, Capture(base + " --context 64 --batches 1 --prefill 512"));
-  auto j = nlohmann::json::parse(out, nullptr, false);
-  if (!j.is_object() || j["decode"].empty()) return Status::Internal("strata bench kernels printed no figures");
-  r.decode = j["decode"][0].value("tokens_per_s", 0.0);
-  r.prefill = j["prefill"].value("tokens_per_s", 0.0);
+  STRATA_RETURN_IF_ERROR(ReadKernels(out, &r.decode, &r.prefill));
   if (f.batched) {
     STRATA_ASSIGN_OR_RETURN(std::string b, Capture(base + " --context " + std::to_string(f.batched_context) +
                                                            " --batches 32 --prefill 16"));
-    auto jb = nlohmann::json::parse(b, nullptr, false);
-    if (!jb.is_object() || jb["decode"].empty()) return Status::Internal("strata bench kernels printed no figures");
-    r.batched = jb["decode"][0].value("tokens_per_s", 0.0);
+    STRATA_RETURN_IF_ERROR(ReadKernels(b, &r.batched, nullptr));
   }
   return r;
 }
@@ -195,7 +230,8 @@ void RegisterBenchVsLlamacpp(CLI::App* bench, int* exit_code) {
   CLI::App* vs = bench->add_subcommand(
       "vs-llamacpp", "Strata against llama.cpp on the same file, alternating rounds, as ratios");
   vs->add_option("--llamacpp-dir", f->llamacpp_dir, "llama.cpp checkout or build (has build/bin/llama-bench)")
-      ->required();
+      ->required()
+      ->check(CLI::ExistingDirectory);
   vs->add_option("--model", f->model, "GGUF file both engines load")->required()->check(CLI::ExistingFile);
   vs->add_option("--rounds", f->rounds, "alternating rounds")->check(CLI::Range(1, 1000))->capture_default_str();
   vs->add_option("--threads", f->threads, "threads for both engines")->check(CLI::Range(1, 1024))->capture_default_str();

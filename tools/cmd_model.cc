@@ -1,4 +1,4 @@
-// strata model info | synth: inspect model files; write synthetic models.
+// strata model info | synth | quantize: inspect model files; write synthetic and quantized models.
 
 #include <cstdio>
 #include <filesystem>
@@ -207,6 +207,8 @@ int RunQuantize(const QuantizeFlags& f) {
   if (!plan) return Fail("quantize", plan.error().WithContext(f.model));
   const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   Status s = WriteQuantizedGguf(m.weights, m.tokenizer->spec(), *plan, m.synthetic, threads, f.out);
+  // (A Hugging Face Llama directory loads with NeoX RoPE pairing, which GGUF
+  // llama cannot carry without permuting Q/K: WriteModelGguf refuses it.)
   if (!s.ok()) return Fail("quantize", s.WithContext(f.out));
   std::error_code ec;
   const auto out_bytes = std::filesystem::file_size(f.out, ec);
@@ -271,14 +273,18 @@ void RegisterModel(CLI::App& app, int* exit_code) {
   auto qf = std::make_shared<QuantizeFlags>();
   CLI::App* quant = model->add_subcommand(
       "quantize", "write a GGUF copy of a model with its matrices in another type (llama-quantize's recipes)");
-  quant->add_option("--model", qf->model, "input: GGUF file or Hugging Face directory (f32, f16 or bf16 weights)")
+  quant->add_option("--model", qf->model,
+                    "input: GGUF file (or a Hugging Face directory whose RoPE pairing GGUF can carry, e.g. qwen2) "
+                    "with f32, f16 or bf16 weights")
       ->required();
   quant->add_option("--out", qf->out, "output GGUF file")->required();
   quant->add_option("--dtype", qf->dtype,
                     "q8_0, q4_0, q4_k, q5_k, q6_k (every matrix), q4_k_m (llama.cpp's Q4_K_M mix), f16, bf16, f32")
       ->required()
       ->check(CLI::IsMember(QuantizeRecipeNames(), CLI::ignore_case));
-  quant->add_option("--threads", qf->threads, "threads converting (0 = all)")->capture_default_str();
+  quant->add_option("--threads", qf->threads, "threads converting (0 = all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   quant->add_flag("--allow-requantize", qf->allow_requantize, "quantize tensors that are already quantized");
   quant->add_flag("--json", qf->json, "print the plan and census as one JSON object");
   quant->callback([qf, exit_code] {

@@ -37,7 +37,7 @@ void RegisterRouter(CLI::App& app, int* exit_code);
 // `strata cluster status|predict` (tools/cmd_cluster.cc).
 void RegisterCluster(CLI::App& app, int* exit_code);
 
-// `strata eval kld` (tools/cmd_eval.cc).
+// `strata eval kld | text` (tools/cmd_eval.cc).
 void RegisterEval(CLI::App& app, int* exit_code);
 
 // Options shared by every command that runs the model.

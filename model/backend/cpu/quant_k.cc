@@ -13,6 +13,9 @@ namespace strata::cpu::internal {
 
 namespace {
 
+// ggml's GROUP_MAX_EPS: groups whose largest magnitude is below it encode as zeros.
+constexpr float kGroupMaxEps = 1e-15f;
+
 // Fits x[i] ~= scale * L[i] - the_min with L in [0, nmax] (min <= 0), by
 // trying nstep + 1 candidate inverse scales around nmax / (max - min) and
 // solving weighted least squares for scale and min at each; keeps the best by
@@ -90,7 +93,7 @@ float FitScaleSymmetric(int n, int nmax, const float* x, int8_t* L) {
       max = x[i];
     }
   }
-  if (!(amax >= 1e-30f)) {
+  if (!(amax >= kGroupMaxEps)) {  // all zero (ggml: amax < GROUP_MAX_EPS)
     std::memset(L, 0, static_cast<size_t>(n));
     return 0.f;
   }
@@ -113,7 +116,7 @@ float FitScaleSymmetric(int n, int nmax, const float* x, int8_t* L) {
   float sumlx, suml2;
   sums(iscale, &sumlx, &suml2);
   assign(iscale);
-  float scale = sumlx / suml2;
+  float scale = suml2 != 0.f ? sumlx / suml2 : 0.f;
   float best = scale * sumlx;
   for (int is = -9; is <= 9; ++is) {
     if (is == 0) continue;
@@ -287,7 +290,7 @@ void QuantizeRowQ6_K(const float* src, void* dst, int64_t n) {
         max_scale = scales[j];
       }
     }
-    if (!(max_abs_scale > 0.f)) {
+    if (!(max_abs_scale >= kGroupMaxEps)) {
       std::memset(&b[i], 0, sizeof b[i]);
       continue;
     }

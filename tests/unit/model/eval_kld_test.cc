@@ -23,6 +23,16 @@ TEST(EvalKld, KlDivergenceByHand) {
   EXPECT_EQ(KlDivergence(ref, ref, 2), 0.0);
   const float big[3] = {1000.0f, 999.0f, -1000.0f};  // no overflow
   EXPECT_EQ(KlDivergence(big, big, 3), 0.0);
+  // Non-finite logits: never a silent 0.
+  const float nan[2] = {0.0f, NAN};
+  EXPECT_TRUE(std::isnan(KlDivergence(ref, nan, 2)));
+  EXPECT_TRUE(std::isnan(KlDivergence(nan, ref, 2)));
+  const float inf[2] = {0.0f, INFINITY};
+  EXPECT_TRUE(std::isnan(KlDivergence(ref, inf, 2)));
+  // p = 0 terms contribute nothing; q = 0 where p > 0 is infinite.
+  const float p0[2] = {0.0f, -INFINITY};
+  EXPECT_NEAR(KlDivergence(p0, cand, 2), std::log(2.0), 1e-12);
+  EXPECT_EQ(KlDivergence(cand, p0, 2), INFINITY);
 }
 
 ModelConfig Tiny() {
@@ -87,9 +97,27 @@ TEST(EvalKld, RefusesTooFewTokensAndBadContexts) {
   ThreadPool pool(1);
   KldOptions opt;
   opt.context = 64;
-  EXPECT_FALSE(EvaluateKld(*w, *w, Tokens(63, w->config.vocab_size), opt, &pool));
+  auto short_text = EvaluateKld(*w, *w, Tokens(63, w->config.vocab_size), opt, &pool);
+  ASSERT_FALSE(short_text);
+  EXPECT_EQ(short_text.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(short_text.error().message().find("fewer than one chunk of 64"), std::string::npos);
   opt.context = w->config.context_length + 1;
-  EXPECT_FALSE(EvaluateKld(*w, *w, Tokens(4096, w->config.vocab_size), opt, &pool));
+  auto long_ctx = EvaluateKld(*w, *w, Tokens(4096, w->config.vocab_size), opt, &pool);
+  ASSERT_FALSE(long_ctx);
+  EXPECT_NE(long_ctx.error().message().find("--context"), std::string::npos);
+  opt.context = 64;
+  auto bad = Tokens(64, w->config.vocab_size);
+  bad[10] = w->config.vocab_size;
+  auto out_of_range = EvaluateKld(*w, *w, bad, opt, &pool);
+  ASSERT_FALSE(out_of_range);
+  EXPECT_NE(out_of_range.error().message().find("out of range"), std::string::npos);
+  ModelConfig other = Tiny();
+  other.vocab_size = 256;
+  auto w2 = MakeSyntheticWeights(other, SynthOptions{});
+  ASSERT_TRUE(w2);
+  auto vocab = EvaluateKld(*w2, *w, Tokens(128, 256), opt, &pool);
+  ASSERT_FALSE(vocab);
+  EXPECT_NE(vocab.error().message().find("vocabulary"), std::string::npos);
 }
 
 TEST(EvalKld, DefaultTextIsFixedAndLongEnough) {

@@ -115,6 +115,7 @@ TEST(Quantize, UnknownRecipeAndRequantizingAreRefused) {
   EXPECT_NE(again.error().message().find("--allow-requantize"), std::string::npos);
   EXPECT_TRUE(PlanQuantization(q, "q4_k", true));
   EXPECT_TRUE(PlanQuantization(q, "q8_0", false)) << "keeping a type is not requantizing";
+  EXPECT_TRUE(PlanQuantization(q, "f32", false)) << "decoding is not requantizing";
 }
 
 // Relative RMS error bound of each format on N(0, s) weights.
