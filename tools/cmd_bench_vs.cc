@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/report.h"
 #include "common/status.h"
 #include "tools/commands.h"
 
@@ -154,12 +155,6 @@ Result<Figures> RunStrata(const VsFlags& f) {
   return r;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 int RunVs(const VsFlags& f) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "strata bench vs-llamacpp: %s\n", s.message().c_str());
@@ -209,9 +204,10 @@ int RunVs(const VsFlags& f) {
     }
   }
   nlohmann::json summary = nlohmann::json::object();
-  for (int i = 0; i < (f.batched ? 3 : 2); ++i)
-    summary[names[i]] = {{"median_ratio", Median(ratios[i])},
-                         {"min_ratio", *std::min_element(ratios[i].begin(), ratios[i].end())}};
+  for (int i = 0; i < (f.batched ? 3 : 2); ++i) {
+    const bench::Distribution d = bench::Describe(ratios[i]);
+    summary[names[i]] = {{"median_ratio", d.p50}, {"min_ratio", d.min}};
+  }
   if (f.json) {
     nlohmann::json j = {{"model", f.model}, {"threads", f.threads}, {"rounds", rounds}, {"summary", summary}};
     std::printf("%s\n", j.dump(2).c_str());

@@ -6,12 +6,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <cctype>
 #include <algorithm>
 
 #include "common/logging.h"
 #include "common/mapped_file.h"
+#include "common/thread_pool.h"
 #include "model/gguf.h"
 #include "model/gguf_export.h"
 #include "model/gguf_tokenizer.h"
@@ -205,7 +205,7 @@ int RunQuantize(const QuantizeFlags& f) {
   const LoadedModel& m = **loaded;
   auto plan = PlanQuantization(m.weights, f.dtype, f.allow_requantize);
   if (!plan) return Fail("quantize", plan.error().WithContext(f.model));
-  const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = f.threads > 0 ? f.threads : HardwareThreads();
   Status s = WriteQuantizedGguf(m.weights, m.tokenizer->spec(), *plan, m.synthetic, threads, f.out);
   // (A Hugging Face Llama directory loads with NeoX RoPE pairing, which GGUF
   // llama cannot carry without permuting Q/K: WriteModelGguf refuses it.)
