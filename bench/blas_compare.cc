@@ -3,6 +3,7 @@
 //
 //   blas_compare [--threads N] [--reps N] [--section bw|sgemm|decode|batch|shapes|all]
 //                [--types f32,q8_0,...]   (batch and shapes: only these types)
+//                [--activations int8|exact]  (MatMul's ActivationMode; default int8)
 //
 // bw:     streaming-read bandwidth, 1 and N threads.
 // sgemm:  oneDNN vs OpenBLAS sgemm 512x2048x2048 (M tokens x N rows x K cols),
@@ -354,6 +355,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--reps")) g_reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--section")) section = argv[i + 1];
     if (!std::strcmp(argv[i], "--types")) g_types = argv[i + 1];
+    if (!std::strcmp(argv[i], "--activations")) {
+      strata::cpu::SetActivationMode(std::strcmp(argv[i + 1], "exact") == 0 ? strata::cpu::ActivationMode::kExact
+                                                                             : strata::cpu::ActivationMode::kInt8);
+    }
   }
   strata::ThreadPool pool(threads);
   std::printf("SIMD level %s, BLAS default %s, threads %d\n",

@@ -144,6 +144,10 @@ void ForwardEngine::PlanAttentionRanges(const std::vector<int>& pos_of_token) {
   const int T = static_cast<int>(pos_of_token.size());
   const int threads = pool_->num_threads();
   if (T >= 2 * threads || threads <= 1) return;
+  // Int8 activations promise logits independent of batch and thread count
+  // (cpu::ActivationMode::kInt8); a context split's log-sum-exp merge rounds
+  // differently from one pass over the context, so that mode never splits.
+  if (cpu::GetActivationMode() == cpu::ActivationMode::kInt8) return;
   constexpr int kMinRangeBlocks = 4;
   const int bs = layout_.block_size;
   for (int t = 0; t < T; ++t) {

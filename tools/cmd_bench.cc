@@ -38,6 +38,7 @@ struct KernelsFlags {
   std::vector<int> batches = {1, 8, 32};
   int prefill = 512;
   int iterations = 5;
+  bool int8_activations = false, exact_activations = false;
   bool json = false;
 };
 
@@ -49,6 +50,7 @@ int Fail(const Status& s) {
 int RunKernels(const KernelsFlags& f) {
   auto kv_dtype = DTypeFromName(f.kv_dtype);
   if (!kv_dtype) return Fail(Status::InvalidArgument("unknown --kv-dtype '" + f.kv_dtype + "'"));
+  ApplyActivationFlags(f.int8_activations);
   auto loaded = LoadModel(f.model);
   if (!loaded) return Fail(loaded.error());
   const ModelWeights& w = (*loaded)->weights;
@@ -307,6 +309,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                    "timed runs per figure (median), after one warm-up")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  AddActivationFlags(kernels, &f->int8_activations, &f->exact_activations);
   kernels->add_flag("--json", f->json, "print one JSON object");
   kernels->callback([f, exit_code] { *exit_code = RunKernels(*f); });
 

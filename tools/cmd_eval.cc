@@ -20,7 +20,7 @@ namespace {
 struct KldFlags {
   std::string model, reference, text_path;
   int context = 0, chunks = 0, threads = 0;
-  bool exact_activations = false, json = false;
+  bool int8_activations = false, exact_activations = false, json = false;
 };
 
 int Fail(const Status& s) {
@@ -35,6 +35,8 @@ std::vector<int32_t> TokenizeText(const LoadedModel& m, const std::string& text)
 }
 
 int RunKld(const KldFlags& f) {
+  // Both models: a quantized reference is judged the same way.
+  ApplyActivationFlags(f.int8_activations);
   std::string text;
   if (f.text_path.empty()) {
     text = DefaultEvalText();
@@ -101,8 +103,7 @@ void RegisterEval(CLI::App& app, int* exit_code) {
   kld->add_option("--chunks", f->chunks, "at most this many chunks (0 = all the text holds)")
       ->check(CLI::NonNegativeNumber);
   kld->add_option("--threads", f->threads, "threads (0 = all)")->check(CLI::NonNegativeNumber);
-  kld->add_flag("--exact-activations", f->exact_activations,
-                "f32 activations in every product (today every path is; the flag changes nothing yet)");
+  AddActivationFlags(kld, &f->int8_activations, &f->exact_activations);
   kld->add_flag("--json", f->json, "print one JSON object");
   kld->callback([f, exit_code] { *exit_code = RunKld(*f); });
 

@@ -46,6 +46,11 @@ struct EngineFlags {
   int kv_block_size = 16;
   std::string kv_dtype = "f16";
   int threads = 0;  // 0 = all hardware threads
+  // --int8-activations / --exact-activations / engine.activations (int8 |
+  // exact): how quantized weights multiply activations; ResolveEngineFlags
+  // sets cpu::SetActivationMode.
+  bool int8_activations = false;
+  bool exact_activations = false;
   std::string chat_template;
   // KV cache tiers as typed (--kv-device-bytes ...); ResolveEngineFlags
   // merges them with the YAML kv.* keys into `kv`.
@@ -55,6 +60,10 @@ struct EngineFlags {
   std::vector<std::string> extra_config_keys;
 };
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f);
+// Adds --int8-activations and --exact-activations (mutually exclusive) to cmd.
+void AddActivationFlags(CLI::App* cmd, bool* int8, bool* exact);
+// Sets the process's cpu::ActivationMode from those flags (exact unless int8).
+void ApplyActivationFlags(bool int8);
 // Applies the YAML config (if any) under the flags the user did not set.
 bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, std::string* error);
 

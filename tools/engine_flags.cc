@@ -3,9 +3,22 @@
 #include <vector>
 
 #include "common/config.h"
+#include "model/backend/cpu/matmul.h"
 #include "tools/commands.h"
 
 namespace strata::cli {
+
+void AddActivationFlags(CLI::App* cmd, bool* int8, bool* exact) {
+  CLI::Option* i = cmd->add_flag("--int8-activations", *int8,
+                                 "multiply Q8_0/Q4_0 weights with int8-quantized activations (per token, "
+                                 "32-element blocks; batch-invariant)");
+  CLI::Option* e = cmd->add_flag("--exact-activations", *exact, "f32 activations in every product (the default)");
+  i->excludes(e);
+}
+
+void ApplyActivationFlags(bool int8) {
+  cpu::SetActivationMode(int8 ? cpu::ActivationMode::kInt8 : cpu::ActivationMode::kExact);
+}
 
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--config", f->config_path, "YAML config file (configs/strata.yaml documents every key)");
@@ -48,6 +61,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
                   "true: page-lock the host tier for device copies when a CUDA device is present (default); false: "
                   "leave it pageable");
   cmd->add_option("--threads", f->threads, "compute threads (0 = all hardware threads)")->check(CLI::Range(0, 1024));
+  AddActivationFlags(cmd, &f->int8_activations, &f->exact_activations);
   cmd->add_option("--chat-template", f->chat_template,
                   "chat format: llama2, llama3, llama31, chatml, mistral, plain, ... (default: detect from the model)");
 }
@@ -63,7 +77,8 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
   if (!f->config_path.empty()) {
     auto cfg = Config::LoadFile(f->config_path);
     if (!cfg) return fail(cfg.error());
-    std::vector<std::string> known = {"model.path", "model.chat_template", "engine.threads"};
+    std::vector<std::string> known = {"model.path", "model.chat_template", "engine.threads",
+                                     "engine.activations"};
     for (const auto& k : kvcache::KvConfigKeys()) known.push_back(k);
     for (const auto& k : f->extra_config_keys) known.push_back(k);
     if (Status s = cfg->CheckKnownKeys(known); !s.ok()) return fail(s);
@@ -83,6 +98,14 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
       if (*v < 0 || *v > 1024)
         return fail(Status::InvalidArgument(f->config_path + ": engine.threads out of range [0, 1024]"));
       f->threads = static_cast<int>(*v);
+    }
+    if (unset("--exact-activations") && unset("--int8-activations")) {
+      auto v = cfg->GetString("engine.activations", "exact");
+      if (!v) return fail(v.error());
+      if (*v != "exact" && *v != "int8")
+        return fail(Status::InvalidArgument(f->config_path + ": engine.activations must be exact or int8, not '" +
+                                            *v + "'"));
+      f->int8_activations = *v == "int8";
     }
     auto kv = kvcache::KvCacheConfigFromYaml(*cfg, f->kv);
     if (!kv) return fail(kv.error());
@@ -114,6 +137,7 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
   }
   f->kv_block_size = f->kv.block_size;
   f->kv_dtype = f->kv.dtype;
+  ApplyActivationFlags(f->int8_activations);
   return true;
 }
 

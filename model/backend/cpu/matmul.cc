@@ -6,6 +6,7 @@
 #include "model/backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include "model/backend/cpu/matmul_internal.h"
 #include "model/backend/cpu/matmul_kernels.h"
+#include "model/backend/cpu/matmul_q8.h"
 #include "model/backend/cpu/quant.h"
 
 namespace strata::cpu {
@@ -219,6 +221,12 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
     std::fill(y, y + n_tokens * rows, std::numeric_limits<float>::quiet_NaN());
     return;
   }
+  const ActivationMode mode = options.force_activations ? options.activations : GetActivationMode();
+  if (mode == ActivationMode::kInt8 && Q8Supported(w.type)) {
+    // Every batch size: the invariance matmul_q8.h promises needs one path.
+    MatMulQ8(w, x, n_tokens, y, pool);
+    return;
+  }
   const int64_t gemm_min = options.gemm_min_tokens > 0 ? options.gemm_min_tokens
                                                        : DefaultGemmMinTokens(w.type, options.blas);
   if (n_tokens >= gemm_min) {
@@ -267,6 +275,13 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
 }
 
 }  // namespace internal
+
+namespace {
+std::atomic<ActivationMode> g_activation_mode{ActivationMode::kExact};
+}  // namespace
+
+void SetActivationMode(ActivationMode mode) { g_activation_mode.store(mode); }
+ActivationMode GetActivationMode() { return g_activation_mode.load(); }
 
 Status ValidateMatMulWeight(const Tensor& w) {
   const std::string name = "weight '" + w.name + "'";

@@ -28,12 +28,35 @@ namespace strata::cpu {
 // row. Loaders call this once per weight so that MatMul need not fail.
 Status ValidateMatMulWeight(const Tensor& w);
 
+// How MatMul treats the activations x for quantized weights.
+enum class ActivationMode {
+  // Default: every product uses x in f32 (`--exact-activations`).
+  kExact,
+  // `--int8-activations`: weights with int8 kernels (Q8_0, Q4_0; see
+  // matmul_q8.h) are multiplied with x quantized per token in blocks of 32
+  // (ggml's Q8_0: d = max|x| / 127), in integer arithmetic, at every batch
+  // size. A token's result then depends only on its own row: the same bits
+  // in any batch, chunk, thread count or code path at a given SIMD level.
+  // Other weight types (f32/f16/bf16, the K-quants) use f32 activations as in
+  // kExact. Not the default: on the machine measured (docs/PERFORMANCE.md)
+  // it is faster only at batch 1, and slower than the f32 tile and sgemm
+  // paths from 2 tokens on.
+  kInt8,
+};
+
+// Process-wide, read at the start of each MatMul; set it at start-up (CLI
+// flags) or, in tests, while no MatMul runs.
+void SetActivationMode(ActivationMode mode);
+ActivationMode GetActivationMode();
+
 // y[t * w.rows() + r] = sum_k W[r][k] * x[t * w.cols() + k]
 // for t in [0, n_tokens), r in [0, w.rows()), where W is w decoded to f32
-// (DequantizeRow's values). x is used in full f32 precision; code paths, SIMD
-// levels and thread counts differ only in float rounding: each output is
-// within ~1e-6 * sum_k |W[r][k] x[k]| (tests allow 1e-5 for f32, 1e-4 for
-// the others) of the exact sum.
+// (DequantizeRow's values). With kExact (or a type without int8 kernels) x is
+// used in full f32 precision; code paths, SIMD levels and thread counts differ
+// only in float rounding: each output is within ~1e-6 * sum_k |W[r][k] x[k]|
+// (tests allow 1e-5 for f32, 1e-4 for the others) of the exact sum. With
+// kInt8 on Q8_0/Q4_0 weights, x is replaced by its int8 quantization (an error
+// of up to half a step, max|x| / 254, per element of each 32-block).
 //
 // REQUIRES: ValidateMatMulWeight(w).ok(); x holds n_tokens * cols floats and
 // y room for n_tokens * rows; x and y do not overlap. If w is invalid anyway,

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/thread_pool.h"
+#include "model/backend/cpu/matmul.h"
 #include "model/tensor.h"
 
 namespace strata::cpu::internal {
@@ -42,6 +43,9 @@ struct MatMulOptions {
   int64_t tile_rows = 0;
   GemmThreading threading = GemmThreading::kPoolTiles;
   BlasLibrary blas = BlasLibrary::kDefault;
+  // Overrides GetActivationMode() for this call when set.
+  bool force_activations = false;
+  ActivationMode activations = ActivationMode::kExact;
 };
 
 // The n_tokens thresholds MatMul uses for `t` by default with `lib`.

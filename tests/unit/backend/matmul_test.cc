@@ -32,6 +32,14 @@ std::vector<SimdLevel> Levels() {
   return v;
 }
 
+// These tests pin the f32-activation path (its 1e-4 contract) whatever the
+// default; the int8 path has its own tests (matmul_q8_test.cc).
+class ExactActivations : public ::testing::Environment {
+ public:
+  void SetUp() override { SetActivationMode(ActivationMode::kExact); }
+};
+const auto* const kExactEnv = ::testing::AddGlobalTestEnvironment(new ExactActivations);
+
 class LevelScope {
  public:
   explicit LevelScope(SimdLevel l) { SetSimdLevelOverride(l); }

@@ -1,0 +1,95 @@
+#pragma once
+// Internal to the CPU backend, and to its tests and benchmarks: products of
+// quantized weights with int8-quantized activations ("int8 activations").
+//
+// The activation rows are quantized per token, in blocks of 32, as ggml's
+// Q8_0 (d = max|x| / 127, q = round(x / d)), and the weights' integer codes
+// are multiplied with them in integer arithmetic (AVX-512 VNNI vpdpbusd,
+// AVX2 vpmaddubsw, or scalar), exact per 32-element block; each block's
+// integer sum is then scaled by d_w * d_x in f32.
+//
+// Invariance, by construction: a token's row is quantized on its own, and
+// each kernel computes one (weight row, token) output with the same sequence
+// of operations whatever the rows and tokens around it (the tile kernels
+// interleave several rows and tokens, each with its own accumulator). So at a
+// given SIMD level the result for a token does not depend on the batch, the
+// chunking of a prompt, the thread count or the code path; tests check the
+// logits bitwise. Levels differ only in f32 rounding of the block sums.
+//
+// Weight types: Q8_0 and Q4_0 today. The K-quants still use f32 activations
+// (Q8Supported says which).
+
+#include <cstdint>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "model/backend/cpu/matmul_kernels.h"
+#include "model/tensor.h"
+
+namespace strata::cpu::internal {
+
+inline constexpr int kQ8ActBlock = 32;
+
+// Quantized activation rows: token t's codes at q[t * cols ...], its block
+// scales at d[t * (cols / 32) ...].
+struct Q8Activations {
+  int64_t cols = 0;
+  int64_t n_tokens = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+};
+
+// Quantizes row x[0..cols) (cols % 32 == 0) into q (cols codes) and d
+// (cols / 32 scales). Scalar and deterministic: the same codes at every SIMD
+// level. A block with a NaN or infinity gets scale NaN (so products with it
+// are NaN, as they would be in f32), codes 0.
+void QuantizeActivationRow(const float* x, int64_t cols, int8_t* q, float* d);
+
+// All n_tokens rows of x (x_stride floats apart), over `pool` when large.
+void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
+                         Q8Activations* out, ThreadPool* pool);
+
+// y[t * y_stride + r] = the int8 product of weight row r with token t, for
+// r in [row_begin, row_end), t in [0, n_tokens).
+struct Q8Args {
+  const uint8_t* w = nullptr;
+  size_t row_bytes = 0;
+  int64_t cols = 0;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  const int8_t* xq = nullptr;  // n_tokens * cols codes
+  const float* xd = nullptr;   // n_tokens * cols / 32 scales
+  int64_t n_tokens = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+};
+
+using Q8RowsFn = void (*)(const Q8Args& args);
+
+struct Q8KernelTable {
+  const char* name;
+  // Indexed by TypeIndex; nullptr where the type has no int8 kernel.
+  Q8RowsFn rows[kNumTypes];
+};
+
+const Q8KernelTable& ScalarQ8Kernels();
+// nullptr when the build or the CPU lacks the ISA (AVX2: AVX2 + FMA; the
+// AVX-512 table needs VNNI as well as F/BW/VL).
+const Q8KernelTable* Avx2Q8Kernels();
+const Q8KernelTable* Avx512VnniQ8Kernels();
+// The widest table ActiveSimdLevel() allows.
+const Q8KernelTable& ActiveQ8Kernels();
+
+// Whether weights of type t have int8 kernels.
+bool Q8Supported(DType t);
+
+// The exact value the kernels approximate, for tests: sum over blocks of
+// (integer dot of the codes) * d_w * d_x, in double. Weight row `row` of
+// type t (Q8_0 or Q4_0), token codes q and scales d.
+double Q8ReferenceDot(DType t, const uint8_t* row, int64_t cols, const int8_t* q, const float* d);
+
+// MatMul's int8 path: quantizes x, then runs the active table's kernel for
+// w.type over `pool`. REQUIRES Q8Supported(w.type) and MatMul's REQUIRES.
+void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
+
+}  // namespace strata::cpu::internal

@@ -1,0 +1,263 @@
+// The int8-activation kernels (matmul_q8.h): activation quantization, each
+// kernel against a double-precision reference of the same integer arithmetic
+// at every SIMD level the machine has, and batch / path / thread invariance
+// (bitwise).
+
+#include "model/backend/cpu/matmul_q8.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/backend/cpu/cpu_features.h"
+#include "model/backend/cpu/matmul.h"
+#include "model/backend/cpu/matmul_internal.h"
+#include "model/backend/cpu/quant.h"
+
+namespace strata::cpu::internal {
+namespace {
+
+constexpr DType kInt8Types[] = {DType::kQ8_0, DType::kQ4_0};
+
+// MatMul takes the int8 path in this file.
+class Int8Activations : public ::testing::Environment {
+ public:
+  void SetUp() override { SetActivationMode(ActivationMode::kInt8); }
+  void TearDown() override { SetActivationMode(ActivationMode::kExact); }
+};
+const auto* const kInt8Env = ::testing::AddGlobalTestEnvironment(new Int8Activations);
+
+class LevelScope {
+ public:
+  explicit LevelScope(SimdLevel l) { SetSimdLevelOverride(l); }
+  ~LevelScope() { SetSimdLevelOverride(std::nullopt); }
+};
+
+std::vector<SimdLevel> Levels() {
+  std::vector<SimdLevel> v;
+  for (int l = 0; l <= static_cast<int>(DetectedSimdLevel()); ++l) v.push_back(static_cast<SimdLevel>(l));
+  return v;
+}
+
+struct Weight {
+  std::vector<uint8_t> bytes;
+  Tensor tensor;
+};
+
+Weight MakeWeight(DType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> src(static_cast<size_t>(rows * cols));
+  for (auto& v : src) v = g(rng);
+  Weight w;
+  const size_t row_bytes = RowBytes(type, cols);
+  w.bytes.resize(row_bytes * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    QuantizeRow(type, src.data() + r * cols, w.bytes.data() + r * row_bytes, cols);
+  }
+  // Extreme codes too: a Q8_0 weight of -128 (never written by the quantizer
+  // but legal in a file) and a zero block.
+  if (type == DType::kQ8_0 && rows > 1) {
+    auto* blk = reinterpret_cast<BlockQ8_0*>(w.bytes.data() + row_bytes);
+    for (int j = 0; j < 32; j += 3) blk->qs[j] = -128;
+    auto* zero = reinterpret_cast<BlockQ8_0*>(w.bytes.data());
+    for (int8_t& q : zero->qs) q = 0;
+  }
+  w.tensor.name = "w";
+  w.tensor.type = type;
+  w.tensor.ne = {cols, rows};
+  w.tensor.data = w.bytes.data();
+  w.tensor.nbytes = w.bytes.size();
+  return w;
+}
+
+std::vector<float> RandomX(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = g(rng);
+  // A block of outliers, as activations have.
+  if (n >= 64) x[40] = 25.f;
+  return x;
+}
+
+TEST(Q8ActivationTest, QuantizesAsGgmlQ8_0) {
+  std::vector<float> x = RandomX(96, 1);
+  x[64] = -3.f;  // the max of the third block, negative
+  std::vector<int8_t> q(96);
+  std::vector<float> d(3);
+  QuantizeActivationRow(x.data(), 96, q.data(), d.data());
+  // The encoder of Q8_0 weights is ggml's reference; activations must match.
+  std::vector<uint8_t> blocks(RowBytes(DType::kQ8_0, 96));
+  QuantizeRow(DType::kQ8_0, x.data(), blocks.data(), 96);
+  for (int b = 0; b < 3; ++b) {
+    const auto* blk = reinterpret_cast<const BlockQ8_0*>(blocks.data()) + b;
+    EXPECT_EQ(F32ToF16(d[b]), blk->d) << b;
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(q[b * 32 + j], blk->qs[j]) << b << " " << j;
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_LE(std::fabs(q[b * 32 + j] * d[b] - x[b * 32 + j]), d[b] * 0.5f * 1.0001f);
+    }
+  }
+  EXPECT_EQ(q[64], -127);
+}
+
+TEST(Q8ActivationTest, ZeroAndNonFiniteBlocks) {
+  std::vector<float> x(64, 0.f);
+  x[40] = std::numeric_limits<float>::infinity();
+  std::vector<int8_t> q(64, 5);
+  std::vector<float> d(2);
+  QuantizeActivationRow(x.data(), 64, q.data(), d.data());
+  EXPECT_EQ(d[0], 0.f);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(q[j], 0);
+  EXPECT_TRUE(std::isnan(d[1]));
+}
+
+// Every kernel on odd shapes (1 block, odd block counts for the AVX-512 pair
+// tail, row and token counts that leave partial tiles) against the double
+// reference of its own integer arithmetic: the integer sums are exact, so the
+// only difference is f32 rounding of the per-block scaling and summation.
+TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
+  for (DType type : kInt8Types) {
+    for (int64_t cols : {32, 96, 160, 2048}) {
+      for (int64_t rows : {1, 3, 6, 13}) {
+        const Weight w = MakeWeight(type, rows, cols, static_cast<uint32_t>(cols + rows));
+        for (int64_t n_tokens : {1, 2, 3, 4, 5, 9}) {
+          const std::vector<float> x = RandomX(n_tokens * cols, static_cast<uint32_t>(n_tokens));
+          Q8Activations act;
+          QuantizeActivations(x.data(), n_tokens, cols, cols, &act, nullptr);
+          const int64_t nb = cols / 32;
+          for (SimdLevel level : Levels()) {
+            LevelScope scope(level);
+            const Q8KernelTable& table = ActiveQ8Kernels();
+            Q8Args a;
+            a.w = w.tensor.data;
+            a.row_bytes = RowBytes(type, cols);
+            a.cols = cols;
+            a.row_begin = 0;
+            a.row_end = rows;
+            a.xq = act.q.data();
+            a.xd = act.d.data();
+            a.n_tokens = n_tokens;
+            std::vector<float> y(static_cast<size_t>(n_tokens * rows), -1.f);
+            a.y = y.data();
+            a.y_stride = rows;
+            table.rows[TypeIndex(type)](a);
+            for (int64_t t = 0; t < n_tokens; ++t) {
+              for (int64_t r = 0; r < rows; ++r) {
+                const uint8_t* row = w.tensor.data + r * a.row_bytes;
+                const double want = Q8ReferenceDot(type, row, cols, act.q.data() + t * cols,
+                                                   act.d.data() + t * nb);
+                // Bound: f32 rounding of each block's scaled sum, relative to
+                // the sum of magnitudes.
+                double mag = 0.0;
+                std::vector<float> dw(static_cast<size_t>(cols));
+                DequantizeRow(type, row, dw.data(), cols);
+                for (int64_t k = 0; k < cols; ++k) {
+                  mag += std::fabs(dw[k] * act.q[t * cols + k] * act.d[t * nb + k / 32]);
+                }
+                EXPECT_LE(std::fabs(y[t * rows + r] - want), 1e-5 * mag + 1e-30)
+                    << DTypeName(type) << " " << table.name << " cols=" << cols
+                    << " rows=" << rows << " n=" << n_tokens << " r=" << r << " t=" << t;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The tables this machine should have, named, so a lost dispatch shows.
+TEST(Q8KernelTest, TablesPresentForTheCpu) {
+  const CpuFeatures& f = GetCpuFeatures();
+  EXPECT_EQ(Avx2Q8Kernels() != nullptr, f.avx2 && f.fma && f.f16c);
+  EXPECT_EQ(Avx512VnniQ8Kernels() != nullptr,
+            f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512_vnni && f.avx2);
+  if (Avx512VnniQ8Kernels() != nullptr) {
+    EXPECT_STREQ(ActiveQ8Kernels().name, "avx512-vnni");
+  }
+  for (DType t : kInt8Types) EXPECT_TRUE(Q8Supported(t));
+  EXPECT_FALSE(Q8Supported(DType::kQ4_K));
+  EXPECT_FALSE(Q8Supported(DType::kF32));
+}
+
+// A token's output is bitwise the same alone, in any batch, at any thread
+// count: what lets a cached prefix and a recomputed one agree.
+TEST(Q8KernelTest, BatchAndThreadInvariantBitwise) {
+  ThreadPool one(1), two(2);
+  const int64_t cols = 160, rows = 37;
+  for (DType type : kInt8Types) {
+    const Weight w = MakeWeight(type, rows, cols, 5);
+    const int64_t n_max = 130;  // past the 64-token chunk and the old sgemm threshold
+    const std::vector<float> x = RandomX(n_max * cols, 6);
+    for (SimdLevel level : Levels()) {
+      LevelScope scope(level);
+      std::vector<float> alone(static_cast<size_t>(n_max * rows));
+      for (int64_t t = 0; t < n_max; ++t) {
+        MatMul(w.tensor, x.data() + t * cols, 1, alone.data() + t * rows, one);
+      }
+      for (int64_t n : {3, 7, 32, 64, 65, 130}) {
+        for (ThreadPool* pool : {&one, &two}) {
+          std::vector<float> y(static_cast<size_t>(n * rows));
+          MatMul(w.tensor, x.data(), n, y.data(), *pool);
+          for (int64_t i = 0; i < n * rows; ++i) {
+            ASSERT_EQ(y[i], alone[i]) << DTypeName(type) << " " << SimdLevelName(level)
+                                      << " n=" << n << " threads=" << pool->num_threads()
+                                      << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The int8 path is a bounded approximation of the exact product: within the
+// activation quantization's error (half a step per element).
+TEST(Q8KernelTest, CloseToTheExactProduct) {
+  ThreadPool two(2);
+  const int64_t cols = 2048, rows = 16, n = 5;
+  for (DType type : kInt8Types) {
+    const Weight w = MakeWeight(type, rows, cols, 8);
+    const std::vector<float> x = RandomX(n * cols, 9);
+    std::vector<float> exact(static_cast<size_t>(n * rows)), int8(exact.size());
+    MatMulOptions exact_opt;
+    exact_opt.force_activations = true;
+    exact_opt.activations = ActivationMode::kExact;
+    MatMulWithOptions(w.tensor, x.data(), n, exact.data(), two, exact_opt);
+    MatMul(w.tensor, x.data(), n, int8.data(), two);
+    std::vector<float> dw(cols);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        DequantizeRow(type, w.tensor.data + r * RowBytes(type, cols), dw.data(), cols);
+        double bound = 0.0;
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          float amax = 0.f;
+          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[t * cols + b * 32 + j]));
+          for (int j = 0; j < 32; ++j) bound += std::fabs(dw[b * 32 + j]) * amax / 254.0;
+        }
+        const float e = exact[t * rows + r], q = int8[t * rows + r];
+        EXPECT_LE(std::fabs(e - q), bound * 1.01 + 1e-3 * std::fabs(e)) << DTypeName(type);
+        EXPECT_NE(e, q) << "the int8 path was not taken";
+      }
+    }
+  }
+}
+
+TEST(Q8KernelTest, NonFiniteActivationsGiveNaN) {
+  ThreadPool two(2);
+  const Weight w = MakeWeight(DType::kQ8_0, 4, 64, 2);
+  std::vector<float> x(64, 1.f);
+  x[33] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> y(4);
+  MatMul(w.tensor, x.data(), 1, y.data(), two);
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
+}
+
+}  // namespace
+}  // namespace strata::cpu::internal

@@ -1,0 +1,162 @@
+// With int8 activations (cpu::ActivationMode::kInt8) a token's logits do not
+// depend on the batch it is in, on how its prompt was chunked, or on the
+// thread count: bitwise. This is what lets a prefix loaded from the KV cache
+// and the same prefix recomputed give identical logits on quantized weights.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "model/backend/cpu/matmul.h"
+#include "model/forward.h"
+#include "model/synth.h"
+
+namespace strata {
+namespace {
+
+class Int8Activations : public ::testing::Environment {
+ public:
+  void SetUp() override { cpu::SetActivationMode(cpu::ActivationMode::kInt8); }
+  void TearDown() override { cpu::SetActivationMode(cpu::ActivationMode::kExact); }
+};
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Int8Activations);
+
+constexpr int kVocab = 101;
+constexpr int kBlock = 4;
+constexpr int kBlocksPerSeq = 20;  // 80 positions
+
+ModelConfig Shape() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.dim = 64;
+  c.n_layers = 3;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.ffn_dim = 160;
+  c.vocab_size = kVocab;
+  c.context_length = 128;
+  c.rms_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  return c;
+}
+
+std::vector<int32_t> Tokens(int n, uint32_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& v : t) {
+    s = s * 1664525u + 1013904223u;
+    v = static_cast<int32_t>((s >> 8) % kVocab);
+  }
+  return t;
+}
+
+std::vector<int32_t> Table(int seq) {
+  std::vector<int32_t> b(kBlocksPerSeq);
+  std::iota(b.begin(), b.end(), seq * kBlocksPerSeq);
+  return b;
+}
+
+class Int8Forward : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    SynthOptions opt;
+    opt.dtype = GetParam();
+    opt.seed = 5;
+    w_ = std::move(MakeSyntheticWeights(Shape(), opt).value());
+  }
+  std::unique_ptr<ForwardEngine> Engine(ThreadPool* pool) {
+    KvOptions kv;
+    kv.block_size = kBlock;
+    kv.dtype = DType::kF16;
+    kv.num_blocks = 32 * kBlocksPerSeq;
+    return std::move(ForwardEngine::Create(w_, kv, pool).value());
+  }
+  // Logits of every position of `p` (sequence slot 0), fed `chunk` tokens
+  // per Forward call.
+  std::vector<float> Chunked(const std::vector<int32_t>& p, size_t chunk, ThreadPool* pool) {
+    auto eng = Engine(pool);
+    const std::vector<int32_t> table = Table(0);
+    std::vector<float> all, lg;
+    for (size_t start = 0; start < p.size(); start += chunk) {
+      const size_t n = std::min(chunk, p.size() - start);
+      ForwardSeq c{std::span<const int32_t>(p.data() + start, n), static_cast<int32_t>(start), table, true};
+      EXPECT_TRUE(eng->Forward({&c, 1}, &lg).ok());
+      all.insert(all.end(), lg.begin(), lg.end());
+    }
+    return all;
+  }
+  ModelWeights w_;
+};
+
+void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+        << what << ": position " << i / kVocab << " logit " << i % kVocab << " " << got[i] << " vs " << want[i];
+  }
+}
+
+TEST_P(Int8Forward, ChunkingAndThreadsDoNotChangeLogits) {
+  ThreadPool one(1), two(2);
+  const std::vector<int32_t> p = Tokens(70, 3);
+  const std::vector<float> want = Chunked(p, 1, &one);
+  for (size_t chunk : {size_t{7}, size_t{64}, p.size()}) {
+    ExpectBitwise(Chunked(p, chunk, &two), want, "chunk " + std::to_string(chunk) + ", 2 threads");
+  }
+  ExpectBitwise(Chunked(p, 7, &one), want, "chunk 7, 1 thread");
+  ExpectBitwise(Chunked(p, 1, &two), want, "chunk 1, 2 threads");
+}
+
+// Sequence 0's prompt prefilled alone, then in one batch with 2 and with 31
+// other sequences (prompts of other lengths), then decoded 3 steps in each.
+TEST_P(Int8Forward, BatchSizeDoesNotChangeLogits) {
+  ThreadPool two(2);
+  const std::vector<int32_t> p = Tokens(21, 7);
+  std::vector<std::vector<float>> want;
+  for (int batch : {1, 3, 32}) {
+    auto eng = Engine(&two);
+    std::vector<std::vector<int32_t>> prompts = {p};
+    for (int s = 1; s < batch; ++s) prompts.push_back(Tokens(5 + s % 17, 100 + s));
+    std::vector<std::vector<int32_t>> tables;
+    for (int s = 0; s < batch; ++s) tables.push_back(Table(s));
+    std::vector<ForwardSeq> fs;
+    for (int s = 0; s < batch; ++s) fs.push_back({prompts[s], 0, tables[s], s == 0});
+    std::vector<float> lg;
+    ASSERT_TRUE(eng->Forward(fs, &lg).ok());
+    std::vector<std::vector<float>> got = {std::vector<float>(lg.begin(), lg.begin() + p.size() * kVocab)};
+    // Decode: every sequence adds token 1 + step.
+    std::vector<std::vector<int32_t>> seqs = prompts;
+    for (int step = 0; step < 3; ++step) {
+      fs.clear();
+      for (int s = 0; s < batch; ++s) {
+        seqs[s].push_back(1 + step);
+        fs.push_back({std::span<const int32_t>(&seqs[s].back(), 1), static_cast<int32_t>(seqs[s].size() - 1),
+                      tables[s]});
+      }
+      ASSERT_TRUE(eng->Forward(fs, &lg).ok());
+      got.emplace_back(lg.begin(), lg.begin() + kVocab);
+    }
+    if (want.empty()) {
+      want = got;
+      continue;
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      ExpectBitwise(got[i], want[i], "batch " + std::to_string(batch) + (i == 0 ? " prefill" : " decode"));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, Int8Forward, ::testing::Values(DType::kQ8_0, DType::kQ4_0),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+}  // namespace
+}  // namespace strata
