@@ -29,6 +29,7 @@ struct VsFlags {
   int rounds = 5, threads = 2;
   int batched_context = 512;  // prompt of each of the 32 sequences
   bool batched = true, json = false;
+  bool int8_activations = false;  // Strata's side only (llama.cpp's are always int8)
 };
 
 std::string Quote(const std::string& s) {
@@ -144,7 +145,8 @@ Result<Figures> RunStrata(const VsFlags& f) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) return Status::Internal("cannot find this executable: " + ec.message());
   const std::string base = Quote(self) + " bench kernels --log-level warn --model " + Quote(f.model) +
-                           " --threads " + std::to_string(f.threads) + " --json";
+                           " --threads " + std::to_string(f.threads) + " --json" +
+                           (f.int8_activations ? " --int8-activations" : "");
   STRATA_ASSIGN_OR_RETURN(std::string out, Capture(base + " --context 64 --batches 1 --prefill 512"));
   STRATA_RETURN_IF_ERROR(ReadKernels(out, &r.decode, &r.prefill));
   if (f.batched) {
@@ -209,7 +211,11 @@ int RunVs(const VsFlags& f) {
     summary[names[i]] = {{"median_ratio", d.p50}, {"min_ratio", d.min}};
   }
   if (f.json) {
-    nlohmann::json j = {{"model", f.model}, {"threads", f.threads}, {"rounds", rounds}, {"summary", summary}};
+    nlohmann::json j = {{"model", f.model},
+                        {"threads", f.threads},
+                        {"activations", f.int8_activations ? "int8" : "exact"},
+                        {"rounds", rounds},
+                        {"summary", summary}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     for (auto& [k, v] : summary.items())
@@ -236,6 +242,8 @@ void RegisterBenchVsLlamacpp(CLI::App* bench, int* exit_code) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   vs->add_flag("!--no-batched", f->batched, "skip the batched decode figure (32 x 512, llama-batched-bench)");
+  vs->add_flag("--int8-activations", f->int8_activations,
+               "run Strata with int8 activations for quantized weights (as llama.cpp always does)");
   vs->add_flag("--json", f->json, "print one JSON object");
   vs->callback([f, exit_code] { *exit_code = RunVs(*f); });
 }

@@ -10,8 +10,8 @@ namespace strata::cli {
 
 void AddActivationFlags(CLI::App* cmd, bool* int8, bool* exact) {
   CLI::Option* i = cmd->add_flag("--int8-activations", *int8,
-                                 "multiply Q8_0/Q4_0 weights with int8-quantized activations (per token, "
-                                 "32-element blocks; batch-invariant)");
+                                 "multiply quantized weights (q8_0, q4_0, q4_k, q5_k, q6_k) with activations quantized "
+                                 "per token to int8 (batch-invariant)");
   CLI::Option* e = cmd->add_flag("--exact-activations", *exact, "f32 activations in every product (the default)");
   i->excludes(e);
 }

@@ -32,15 +32,15 @@ Status ValidateMatMulWeight(const Tensor& w);
 enum class ActivationMode {
   // Default: every product uses x in f32 (`--exact-activations`).
   kExact,
-  // `--int8-activations`: weights with int8 kernels (Q8_0, Q4_0; see
-  // matmul_q8.h) are multiplied with x quantized per token in blocks of 32
-  // (ggml's Q8_0: d = max|x| / 127), in integer arithmetic, at every batch
-  // size. A token's result then depends only on its own row: the same bits
-  // in any batch, chunk, thread count or code path at a given SIMD level.
-  // Other weight types (f32/f16/bf16, the K-quants) use f32 activations as in
-  // kExact. Not the default: on the machine measured (docs/PERFORMANCE.md)
-  // it is faster only at batch 1, and slower than the f32 tile and sgemm
-  // paths from 2 tokens on.
+  // `--int8-activations`: quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K;
+  // see matmul_q8.h) are multiplied with x quantized per token (blocks of 32
+  // for Q8_0/Q4_0, 256 for the K-quants; d = max|x| / 127), in integer
+  // arithmetic, at every batch size. A token's result then depends only on
+  // its own row: the same bits in any batch, chunk, thread count or code
+  // path at a given SIMD level. f32/f16/bf16 weights keep f32 activations.
+  // Not the default: on the machine measured (docs/PERFORMANCE.md) it is
+  // faster at small decode batches but slower in prefill than the f32 sgemm
+  // path.
   kInt8,
 };
 
@@ -55,8 +55,8 @@ ActivationMode GetActivationMode();
 // used in full f32 precision; code paths, SIMD levels and thread counts differ
 // only in float rounding: each output is within ~1e-6 * sum_k |W[r][k] x[k]|
 // (tests allow 1e-5 for f32, 1e-4 for the others) of the exact sum. With
-// kInt8 on Q8_0/Q4_0 weights, x is replaced by its int8 quantization (an error
-// of up to half a step, max|x| / 254, per element of each 32-block).
+// kInt8 on quantized weights, x is replaced by its int8 quantization (an error
+// of up to half a step, max|x| / 254, per element of each 32- or 256-block).
 //
 // REQUIRES: ValidateMatMulWeight(w).ok(); x holds n_tokens * cols floats and
 // y room for n_tokens * rows; x and y do not overlap. If w is invalid anyway,

@@ -17,12 +17,30 @@ namespace {
 
 constexpr int kIdxQ4_0 = 3;
 constexpr int kIdxQ8_0 = 4;
+constexpr int kIdxQ4_K = 5;
+constexpr int kIdxQ5_K = 6;
+constexpr int kIdxQ6_K = 7;
 // Rows per pool task are rounded to this (whole cache lines of y).
 constexpr int64_t kRowAlign = 16;
-// Tokens per pass over a task's rows: their codes (64 x cols bytes) stay in
-// L2 while each group of weight rows is reused from L1.
-constexpr int64_t kTokenChunk = 64;
+// Tokens per pass over a task's rows: their codes (tokens x cols bytes, about
+// 24 KiB) stay in L1 while each weight row is decoded and used. Measured on
+// bench-110m Q4_K prefill: 64 tokens (48 KiB at 768 columns) 0.79x of exact,
+// 32: 0.85x, 16: 0.88x.
+constexpr int64_t kTokenChunkBytes = 24 << 10;
+int64_t TokenChunk(int64_t cols) { return std::clamp<int64_t>(kTokenChunkBytes / cols / 8 * 8, 8, 64); }
 constexpr int64_t kMinTaskMacs = int64_t{1} << 16;
+
+constexpr int kQ8ActBlock32 = 32;
+
+// roundf (halves away from zero) for |v| <= 127.5, clamped to [-127, 127],
+// without a libm call: truncate, then step by the exact remainder.
+inline int8_t RoundHalfAway(float v) {
+  int i = static_cast<int>(v);
+  const float frac = v - static_cast<float>(i);
+  if (frac >= 0.5f) ++i;
+  if (frac <= -0.5f) --i;
+  return static_cast<int8_t>(std::clamp(i, -127, 127));
+}
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -42,9 +60,119 @@ float BlockCodes(int type_index, const uint8_t* row, int64_t b, int8_t codes[32]
   return F16ToF32(blk->d);
 }
 
+// The 256 codes (0..15 or 0..31) of super-block s of a Q4_K / Q5_K row, its
+// sub-block scales and mins, d and dmin.
+void SuperBlockCodes(int type_index, const uint8_t* row, int64_t s, uint8_t codes[256], uint8_t sc[8],
+                     uint8_t m[8], float* d, float* dmin) {
+  const uint8_t* qs;
+  const uint8_t* scales;
+  const uint8_t* qh = nullptr;
+  if (type_index == kIdxQ4_K) {
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(row) + s;
+    qs = blk->qs;
+    scales = blk->scales;
+    *d = F16ToF32(blk->d);
+    *dmin = F16ToF32(blk->dmin);
+  } else {
+    const auto* blk = reinterpret_cast<const BlockQ5_K*>(row) + s;
+    qs = blk->qs;
+    qh = blk->qh;
+    scales = blk->scales;
+    *d = F16ToF32(blk->d);
+    *dmin = F16ToF32(blk->dmin);
+  }
+  for (int j = 0; j < 8; ++j) UnpackScaleMinK4(scales, j, &sc[j], &m[j]);
+  for (int g = 0; g < 4; ++g) {
+    for (int l = 0; l < 32; ++l) {
+      uint8_t lo = qs[32 * g + l] & 15, hi = qs[32 * g + l] >> 4;
+      if (qh != nullptr) {
+        lo = static_cast<uint8_t>(lo | (((qh[l] >> (2 * g)) & 1) << 4));
+        hi = static_cast<uint8_t>(hi | (((qh[l] >> (2 * g + 1)) & 1) << 4));
+      }
+      codes[64 * g + l] = lo;
+      codes[64 * g + 32 + l] = hi;
+    }
+  }
+}
+
+// Per super-block: acc += (d_x d) * sum_j sc_j dot_j and
+// mins += (d_x dmin) * sum_j m_j bsum_j (integer sums exact); the row's value
+// is acc - mins.
+template <int kIndex>
+void ScalarKRows(const Q8Args& a) {
+  const int64_t nsb = a.cols / 256;
+  uint8_t codes[256], sc[8], m[8];
+  for (int64_t r = a.row_begin; r < a.row_end; ++r) {
+    const uint8_t* row = a.w + r * a.row_bytes;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const int8_t* xq = a.xq + t * a.cols;
+      float acc = 0.f, mins = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        float d = 0.f, dmin = 0.f;
+        SuperBlockCodes(kIndex, row, s, codes, sc, m, &d, &dmin);
+        int32_t i1 = 0, i2 = 0;
+        for (int j = 0; j < 8; ++j) {
+          int32_t dot = 0;
+          for (int l = 0; l < 32; ++l) dot += int32_t{codes[32 * j + l]} * xq[256 * s + 32 * j + l];
+          i1 += int32_t{sc[j]} * dot;
+          i2 += int32_t{m[j]} * a.xbsum[t * (a.cols / 32) + 8 * s + j];
+        }
+        const float dx = a.xd[t * nsb + s];
+        acc += (dx * d) * static_cast<float>(i1);
+        mins += (dx * dmin) * static_cast<float>(i2);
+      }
+      a.y[t * a.y_stride + r] = acc - mins;
+    }
+  }
+}
+
+// The 256 codes (0..63) of super-block s of a Q6_K row, its 16 scales and d.
+void Q6Codes(const uint8_t* row, int64_t s, uint8_t codes[256], int8_t sc[16], float* d) {
+  const auto* blk = reinterpret_cast<const BlockQ6_K*>(row) + s;
+  *d = F16ToF32(blk->d);
+  std::copy(blk->scales, blk->scales + 16, sc);
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = blk->ql + 64 * h;
+    const uint8_t* qh = blk->qh + 32 * h;
+    for (int l = 0; l < 32; ++l) {
+      codes[128 * h + l] = static_cast<uint8_t>((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4));
+      codes[128 * h + l + 32] = static_cast<uint8_t>((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
+      codes[128 * h + l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      codes[128 * h + l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
+// Per super-block: acc += (d_x d) * sum_j sc_j (dot_j - 32 bsum16_j), the
+// integer sum exact.
+void ScalarQ6Rows(const Q8Args& a) {
+  const int64_t nsb = a.cols / 256;
+  uint8_t codes[256];
+  int8_t sc[16];
+  for (int64_t r = a.row_begin; r < a.row_end; ++r) {
+    const uint8_t* row = a.w + r * a.row_bytes;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const int8_t* xq = a.xq + t * a.cols;
+      float acc = 0.f;
+      for (int64_t s = 0; s < nsb; ++s) {
+        float d = 0.f;
+        Q6Codes(row, s, codes, sc, &d);
+        int32_t isum = 0;
+        for (int j = 0; j < 16; ++j) {
+          int32_t dot = 0;
+          for (int l = 0; l < 16; ++l) dot += int32_t{codes[16 * j + l]} * xq[256 * s + 16 * j + l];
+          isum += sc[j] * (dot - 32 * a.xbsum16[t * (a.cols / 16) + 16 * s + j]);
+        }
+        acc += (a.xd[t * nsb + s] * d) * static_cast<float>(isum);
+      }
+      a.y[t * a.y_stride + r] = acc;
+    }
+  }
+}
+
 template <int kIndex>
 void ScalarRows(const Q8Args& a) {
-  const int64_t nb = a.cols / kQ8ActBlock;
+  const int64_t nb = a.cols / kQ8ActBlock32;
   int8_t codes[32];
   for (int64_t r = a.row_begin; r < a.row_end; ++r) {
     const uint8_t* row = a.w + r * a.row_bytes;
@@ -65,47 +193,61 @@ void ScalarRows(const Q8Args& a) {
 
 constexpr Q8KernelTable kScalarQ8 = {
     "scalar",
-    {nullptr, nullptr, nullptr, &ScalarRows<kIdxQ4_0>, &ScalarRows<kIdxQ8_0>, nullptr, nullptr,
-     nullptr}};
+    {nullptr, nullptr, nullptr, &ScalarRows<kIdxQ4_0>, &ScalarRows<kIdxQ8_0>, &ScalarKRows<kIdxQ4_K>,
+     &ScalarKRows<kIdxQ5_K>, &ScalarQ6Rows},
+    &QuantizeActivationRow};
 
 }  // namespace
 
-void QuantizeActivationRow(const float* x, int64_t cols, int8_t* q, float* d) {
-  for (int64_t b = 0; b < cols / kQ8ActBlock; ++b) {
-    const float* xb = x + b * kQ8ActBlock;
+int Q8ActBlockFor(DType t) {
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K ? 256 : kQ8ActBlock32;
+}
+
+void QuantizeActivationRow(const float* x, int64_t cols, int block, int8_t* q, float* d, int16_t* bsum,
+                           int16_t* bsum16) {
+  for (int64_t b = 0; b < cols / block; ++b) {
+    const float* xb = x + b * block;
     float amax = 0.f;
     bool finite = true;
-    for (int j = 0; j < kQ8ActBlock; ++j) {
+    for (int j = 0; j < block; ++j) {
       finite = finite && std::isfinite(xb[j]);
       amax = std::max(amax, std::fabs(xb[j]));
     }
-    int8_t* qb = q + b * kQ8ActBlock;
+    int8_t* qb = q + b * block;
     if (!finite) {
       d[b] = std::numeric_limits<float>::quiet_NaN();
-      std::fill(qb, qb + kQ8ActBlock, int8_t{0});
-      continue;
+      std::fill(qb, qb + block, int8_t{0});
+    } else {
+      // ggml's quantize_row_q8_0_ref: d = amax / 127, q = round(x / d).
+      const float db = amax / 127.f;
+      const float id = db != 0.f ? 1.f / db : 0.f;
+      d[b] = db;
+      for (int j = 0; j < block; ++j) qb[j] = RoundHalfAway(xb[j] * id);
     }
-    // ggml's quantize_row_q8_0_ref: d = amax / 127, q = round(x / d).
-    const float db = amax / 127.f;
-    const float id = db != 0.f ? 1.f / db : 0.f;
-    d[b] = db;
-    for (int j = 0; j < kQ8ActBlock; ++j) {
-      qb[j] = static_cast<int8_t>(std::clamp(std::lround(xb[j] * id), -127L, 127L));
-    }
+  }
+  for (int64_t k = 0; k < cols / 16; ++k) {
+    int sum = 0;
+    for (int j = 0; j < 16; ++j) sum += q[k * 16 + j];
+    bsum16[k] = static_cast<int16_t>(sum);
+    if (k % 2 == 1) bsum[k / 2] = static_cast<int16_t>(bsum16[k - 1] + sum);
   }
 }
 
-void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
+void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride, int block,
                          Q8Activations* out, ThreadPool* pool) {
   out->cols = cols;
   out->n_tokens = n_tokens;
-  const int64_t nb = cols / kQ8ActBlock;
+  out->block = block;
   out->q.resize(static_cast<size_t>(n_tokens * cols));
-  out->d.resize(static_cast<size_t>(n_tokens * nb));
+  out->d.resize(static_cast<size_t>(n_tokens * (cols / block)));
+  out->bsum.resize(static_cast<size_t>(n_tokens * (cols / kQ8ActBlock32)));
+  out->bsum16.resize(static_cast<size_t>(n_tokens * (cols / 16)));
+  const Q8QuantizeFn quantize = ActiveQ8Kernels().quantize;
   auto rows = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      QuantizeActivationRow(x + t * x_stride, cols, out->q.data() + t * cols,
-                            out->d.data() + t * nb);
+      quantize(x + t * x_stride, cols, block, out->q.data() + t * cols,
+                            out->d.data() + t * (cols / block), out->bsum.data() + t * (cols / kQ8ActBlock32),
+                            out->bsum16.data() + t * (cols / 16));
     }
   };
   if (pool == nullptr || pool->num_threads() <= 1 || n_tokens * cols < (int64_t{1} << 16)) {
@@ -130,13 +272,48 @@ const Q8KernelTable& ActiveQ8Kernels() {
   return kScalarQ8;
 }
 
-bool Q8Supported(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+bool Q8Supported(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+}
 
-double Q8ReferenceDot(DType t, const uint8_t* row, int64_t cols, const int8_t* q, const float* d) {
+double Q8ReferenceDot(DType t, const uint8_t* row, int64_t cols, const int8_t* q, const float* d,
+                      const int16_t* bsum, const int16_t* bsum16) {
   const int index = TypeIndex(t);
-  int8_t codes[32];
   double sum = 0.0;
-  for (int64_t b = 0; b < cols / kQ8ActBlock; ++b) {
+  if (index == kIdxQ6_K) {
+    uint8_t codes[256];
+    int8_t sc[16];
+    for (int64_t s = 0; s < cols / 256; ++s) {
+      float dw = 0.f;
+      Q6Codes(row, s, codes, sc, &dw);
+      int64_t isum = 0;
+      for (int j = 0; j < 16; ++j) {
+        int64_t dot = 0;
+        for (int l = 0; l < 16; ++l) dot += int64_t{codes[16 * j + l]} * q[256 * s + 16 * j + l];
+        isum += sc[j] * (dot - 32 * int64_t{bsum16[16 * s + j]});
+      }
+      sum += static_cast<double>(d[s]) * double{dw} * static_cast<double>(isum);
+    }
+    return sum;
+  }
+  if (index == kIdxQ4_K || index == kIdxQ5_K) {
+    uint8_t codes[256], sc[8], m[8];
+    for (int64_t s = 0; s < cols / 256; ++s) {
+      float dw = 0.f, dmin = 0.f;
+      SuperBlockCodes(index, row, s, codes, sc, m, &dw, &dmin);
+      int64_t i1 = 0, i2 = 0;
+      for (int j = 0; j < 8; ++j) {
+        int64_t dot = 0;
+        for (int l = 0; l < 32; ++l) dot += int64_t{codes[32 * j + l]} * q[256 * s + 32 * j + l];
+        i1 += sc[j] * dot;
+        i2 += int64_t{m[j]} * bsum[8 * s + j];
+      }
+      sum += static_cast<double>(d[s]) * (double{dw} * static_cast<double>(i1) - double{dmin} * static_cast<double>(i2));
+    }
+    return sum;
+  }
+  int8_t codes[32];
+  for (int64_t b = 0; b < cols / kQ8ActBlock32; ++b) {
     const double dw = BlockCodes(index, row, b, codes);
     int64_t isum = 0;
     for (int j = 0; j < 32; ++j) isum += int64_t{codes[j]} * q[b * 32 + j];
@@ -152,22 +329,25 @@ void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, Threa
   // naming a thread_local would reach each pool thread's own instance.
   thread_local Q8Activations caller_act;
   Q8Activations& act = caller_act;
-  QuantizeActivations(x, n_tokens, cols, cols, &act, &pool);
+  const int block = Q8ActBlockFor(w.type);
+  QuantizeActivations(x, n_tokens, cols, cols, block, &act, &pool);
   const Q8RowsFn fn = ActiveQ8Kernels().rows[TypeIndex(w.type)];
   Q8Args base;
   base.w = w.data;
   base.row_bytes = RowBytes(w.type, cols);
   base.cols = cols;
   base.y_stride = rows;
-  const int64_t nb = cols / kQ8ActBlock;
+  const int64_t chunk = TokenChunk(cols);
   auto run = [&](int64_t r0, int64_t r1) {
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += chunk) {
       Q8Args a = base;
       a.row_begin = r0;
       a.row_end = r1;
-      a.n_tokens = std::min(kTokenChunk, n_tokens - t0);
+      a.n_tokens = std::min(chunk, n_tokens - t0);
       a.xq = act.q.data() + t0 * cols;
-      a.xd = act.d.data() + t0 * nb;
+      a.xd = act.d.data() + t0 * (cols / block);
+      a.xbsum = act.bsum.data() + t0 * (cols / kQ8ActBlock32);
+      a.xbsum16 = act.bsum16.data() + t0 * (cols / 16);
       a.y = y + t0 * rows;
       fn(a);
     }
@@ -181,7 +361,7 @@ void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, Threa
   }
   // Small batches: one contiguous range per thread. Large ones: more, smaller
   // tasks handed out dynamically, so a slow thread takes fewer.
-  const int64_t pieces = n_tokens >= kTokenChunk ? tasks * 4 : tasks;
+  const int64_t pieces = n_tokens >= 64 ? tasks * 4 : tasks;
   int64_t per = CeilDiv(rows, pieces);
   if (per > kRowAlign) per = CeilDiv(per, kRowAlign) * kRowAlign;
   pool.Run(static_cast<int>(CeilDiv(rows, per)), [&](int task) {

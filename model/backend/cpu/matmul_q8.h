@@ -2,11 +2,12 @@
 // Internal to the CPU backend, and to its tests and benchmarks: products of
 // quantized weights with int8-quantized activations ("int8 activations").
 //
-// The activation rows are quantized per token, in blocks of 32, as ggml's
-// Q8_0 (d = max|x| / 127, q = round(x / d)), and the weights' integer codes
-// are multiplied with them in integer arithmetic (AVX-512 VNNI vpdpbusd,
-// AVX2 vpmaddubsw, or scalar), exact per 32-element block; each block's
-// integer sum is then scaled by d_w * d_x in f32.
+// The activation rows are quantized per token, in blocks of 32 or 256
+// (d = max|x| / 127, q = round(x / d), as ggml's Q8_0 / Q8_K), and the
+// weights' integer codes are multiplied with them in integer arithmetic
+// (AVX-512 VNNI vpdpbusd / vpdpwssd, AVX2 vpmaddubsw / vpmaddwd, or scalar),
+// exact per block; each block's integer sum is then scaled by d_w * d_x in
+// f32.
 //
 // Invariance, by construction: a token's row is quantized on its own, and
 // each kernel computes one (weight row, token) output with the same sequence
@@ -16,8 +17,10 @@
 // chunking of a prompt, the thread count or the code path; tests check the
 // logits bitwise. Levels differ only in f32 rounding of the block sums.
 //
-// Weight types: Q8_0 and Q4_0 today. The K-quants still use f32 activations
-// (Q8Supported says which).
+// Weight types: Q8_0 and Q4_0 (activation blocks of 32), and Q4_K, Q5_K and
+// Q6_K (activation blocks of 256, one scale each, as ggml's Q8_K: the integer
+// sum then spans a super-block, the weights' sub-scales applied in
+// integers). Q8Supported says which.
 
 #include <cstdint>
 #include <vector>
@@ -28,25 +31,35 @@
 
 namespace strata::cpu::internal {
 
-inline constexpr int kQ8ActBlock = 32;
+// Elements per activation scale for weights of type t (32 or 256).
+int Q8ActBlockFor(DType t);
 
 // Quantized activation rows: token t's codes at q[t * cols ...], its block
-// scales at d[t * (cols / 32) ...].
+// scales at d[t * (cols / block) ...], and the sums of its codes over each
+// 32 elements at bsum[t * (cols / 32) ...] (for Q4_K/Q5_K's minimums) and
+// over each 16 at bsum16[t * (cols / 16) ...] (for Q6_K's offset of 32).
 struct Q8Activations {
   int64_t cols = 0;
   int64_t n_tokens = 0;
+  int block = 32;
   std::vector<int8_t> q;
   std::vector<float> d;
+  std::vector<int16_t> bsum;
+  std::vector<int16_t> bsum16;
 };
 
-// Quantizes row x[0..cols) (cols % 32 == 0) into q (cols codes) and d
-// (cols / 32 scales). Scalar and deterministic: the same codes at every SIMD
-// level. A block with a NaN or infinity gets scale NaN (so products with it
-// are NaN, as they would be in f32), codes 0.
-void QuantizeActivationRow(const float* x, int64_t cols, int8_t* q, float* d);
+// Quantizes row x[0..cols) (cols % block == 0, block 32 or 256) into q (cols
+// codes), d (cols / block scales: d = max|x| / 127, q = round(x / d)) and
+// bsum (cols / 32 sums of codes) and bsum16 (cols / 16). Scalar and
+// deterministic: the same codes at every SIMD level. A block with a NaN or
+// infinity gets scale NaN (so products with it are NaN, as they would be in
+// f32), codes 0.
+void QuantizeActivationRow(const float* x, int64_t cols, int block, int8_t* q, float* d, int16_t* bsum,
+                           int16_t* bsum16);
 
-// All n_tokens rows of x (x_stride floats apart), over `pool` when large.
-void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride,
+// All n_tokens rows of x (x_stride floats apart), with the active table's
+// quantizer, over `pool` when large.
+void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride, int block,
                          Q8Activations* out, ThreadPool* pool);
 
 // y[t * y_stride + r] = the int8 product of weight row r with token t, for
@@ -57,19 +70,25 @@ struct Q8Args {
   int64_t cols = 0;
   int64_t row_begin = 0;
   int64_t row_end = 0;
-  const int8_t* xq = nullptr;  // n_tokens * cols codes
-  const float* xd = nullptr;   // n_tokens * cols / 32 scales
+  const int8_t* xq = nullptr;     // n_tokens * cols codes
+  const float* xd = nullptr;      // n_tokens * cols / block scales
+  const int16_t* xbsum = nullptr;    // n_tokens * cols / 32 code sums
+  const int16_t* xbsum16 = nullptr;  // n_tokens * cols / 16 code sums
   int64_t n_tokens = 0;
   float* y = nullptr;
   int64_t y_stride = 0;
 };
 
 using Q8RowsFn = void (*)(const Q8Args& args);
+// QuantizeActivationRow's contract; every table's gives the same bytes.
+using Q8QuantizeFn = void (*)(const float* x, int64_t cols, int block, int8_t* q, float* d, int16_t* bsum,
+                              int16_t* bsum16);
 
 struct Q8KernelTable {
   const char* name;
   // Indexed by TypeIndex; nullptr where the type has no int8 kernel.
   Q8RowsFn rows[kNumTypes];
+  Q8QuantizeFn quantize;
 };
 
 const Q8KernelTable& ScalarQ8Kernels();
@@ -83,10 +102,14 @@ const Q8KernelTable& ActiveQ8Kernels();
 // Whether weights of type t have int8 kernels.
 bool Q8Supported(DType t);
 
-// The exact value the kernels approximate, for tests: sum over blocks of
-// (integer dot of the codes) * d_w * d_x, in double. Weight row `row` of
-// type t (Q8_0 or Q4_0), token codes q and scales d.
-double Q8ReferenceDot(DType t, const uint8_t* row, int64_t cols, const int8_t* q, const float* d);
+// The exact value the kernels approximate, for tests, in double from exact
+// integer sums: Q8_0/Q4_0, per 32-block, (integer dot of the codes) * d_w *
+// d_x; Q4_K/Q5_K, per super-block, d_x * (d * sum_j sc_j * dot_j - dmin *
+// sum_j m_j * bsum_j); Q6_K, d_x * d * sum_j sc_j * (dot_j - 32 bsum16_j)
+// over its 16-element sub-blocks. Weight row `row` of type t, token codes q,
+// scales d (Q8ActBlockFor(t) elements each) and code sums bsum, bsum16.
+double Q8ReferenceDot(DType t, const uint8_t* row, int64_t cols, const int8_t* q, const float* d,
+                      const int16_t* bsum, const int16_t* bsum16);
 
 // MatMul's int8 path: quantizes x, then runs the active table's kernel for
 // w.type over `pool`. REQUIRES Q8Supported(w.type) and MatMul's REQUIRES.

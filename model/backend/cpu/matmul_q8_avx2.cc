@@ -17,9 +17,12 @@ struct Q8Ops {
   // 16 ymm registers: 2 x 2 accumulators, 2 tokens' codes, temporaries.
   static constexpr int kMaxRows = 2;
   static constexpr int kMaxTokens = 2;
+  // 4 accumulators, 2 x 2 codes, 2 scales, a mask: 15 registers.
+  static constexpr int kMaxKTokens = 4;
   static __m256i Dot(__m256i aw, __m256i sx) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
   }
+  static __m256i DotW(__m256i acc, __m256i p, __m256i s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)); }
 };
 }  // namespace
 }  // namespace strata::cpu::internal

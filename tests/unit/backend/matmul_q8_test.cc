@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -23,7 +24,9 @@
 namespace strata::cpu::internal {
 namespace {
 
-constexpr DType kInt8Types[] = {DType::kQ8_0, DType::kQ4_0};
+constexpr DType kInt8Types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+bool IsK(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K; }
 
 // MatMul takes the int8 path in this file.
 class Int8Activations : public ::testing::Environment {
@@ -92,7 +95,8 @@ TEST(Q8ActivationTest, QuantizesAsGgmlQ8_0) {
   x[64] = -3.f;  // the max of the third block, negative
   std::vector<int8_t> q(96);
   std::vector<float> d(3);
-  QuantizeActivationRow(x.data(), 96, q.data(), d.data());
+  std::vector<int16_t> bsum(3), bsum16(6);
+  QuantizeActivationRow(x.data(), 96, 32, q.data(), d.data(), bsum.data(), bsum16.data());
   // The encoder of Q8_0 weights is ggml's reference; activations must match.
   std::vector<uint8_t> blocks(RowBytes(DType::kQ8_0, 96));
   QuantizeRow(DType::kQ8_0, x.data(), blocks.data(), 96);
@@ -100,11 +104,74 @@ TEST(Q8ActivationTest, QuantizesAsGgmlQ8_0) {
     const auto* blk = reinterpret_cast<const BlockQ8_0*>(blocks.data()) + b;
     EXPECT_EQ(F32ToF16(d[b]), blk->d) << b;
     for (int j = 0; j < 32; ++j) EXPECT_EQ(q[b * 32 + j], blk->qs[j]) << b << " " << j;
+    int sum = 0;
     for (int j = 0; j < 32; ++j) {
       EXPECT_LE(std::fabs(q[b * 32 + j] * d[b] - x[b * 32 + j]), d[b] * 0.5f * 1.0001f);
+      sum += q[b * 32 + j];
     }
+    EXPECT_EQ(bsum[b], sum);
   }
   EXPECT_EQ(q[64], -127);
+}
+
+// Every table's quantizer gives the scalar code's bytes, on ordinary rows,
+// halves exactly at .5 after scaling, zero and non-finite blocks.
+TEST(Q8ActivationTest, EveryLevelQuantizesTheSame) {
+  for (int block : {32, 256}) {
+    std::vector<float> x = RandomX(1024, 11);
+    // A block (of either size) whose max is 127: d = 1, so x + 0.5 are exact halves.
+    for (int j = 0; j < 256; ++j) x[256 + j] = static_cast<float>(j % 64 - 32) + 0.5f;
+    x[256] = 127.f;
+    for (int j = 0; j < 32; ++j) x[512 + j] = 0.f;
+    x[800] = std::numeric_limits<float>::quiet_NaN();
+    x[900] = -std::numeric_limits<float>::infinity();
+    std::vector<int8_t> want_q(1024), q(1024);
+    std::vector<float> want_d(1024 / block), d(1024 / block);
+    std::vector<int16_t> want_b(32), b(32), want_b16(64), b16(64);
+    QuantizeActivationRow(x.data(), 1024, block, want_q.data(), want_d.data(), want_b.data(), want_b16.data());
+    EXPECT_EQ(want_q[257], -31);  // -30.5 rounds away from zero
+    EXPECT_EQ(want_q[286], -2);   // -1.5
+    for (const Q8KernelTable* t : {&ScalarQ8Kernels(), Avx2Q8Kernels(), Avx512VnniQ8Kernels()}) {
+      if (t == nullptr) continue;
+      t->quantize(x.data(), 1024, block, q.data(), d.data(), b.data(), b16.data());
+      EXPECT_EQ(q, want_q) << t->name << " block " << block;
+      for (size_t i = 0; i < d.size(); ++i) {
+        EXPECT_EQ(std::memcmp(&d[i], &want_d[i], sizeof(float)), 0) << t->name << " " << i;
+      }
+      EXPECT_EQ(b, want_b) << t->name;
+      EXPECT_EQ(b16, want_b16) << t->name;
+    }
+  }
+}
+
+// The K-quants' activations: one scale per 256, code sums per 32.
+TEST(Q8ActivationTest, SuperBlocksOf256) {
+  const std::vector<float> x = RandomX(512, 3);
+  std::vector<int8_t> q(512);
+  std::vector<float> d(2);
+  std::vector<int16_t> bsum(16), bsum16(32);
+  QuantizeActivationRow(x.data(), 512, 256, q.data(), d.data(), bsum.data(), bsum16.data());
+  for (int b = 0; b < 2; ++b) {
+    float amax = 0.f;
+    for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[b * 256 + j]));
+    EXPECT_EQ(d[b], amax / 127.f);
+    for (int j = 0; j < 256; ++j) {
+      EXPECT_LE(std::fabs(q[b * 256 + j] * d[b] - x[b * 256 + j]), d[b] * 0.5f * 1.0001f);
+    }
+  }
+  for (int k = 0; k < 16; ++k) {
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) sum += q[k * 32 + j];
+    EXPECT_EQ(bsum[k], sum) << k;
+  }
+  for (int k = 0; k < 32; ++k) {
+    int sum = 0;
+    for (int j = 0; j < 16; ++j) sum += q[k * 16 + j];
+    EXPECT_EQ(bsum16[k], sum) << k;
+  }
+  EXPECT_EQ(Q8ActBlockFor(DType::kQ4_K), 256);
+  EXPECT_EQ(Q8ActBlockFor(DType::kQ5_K), 256);
+  EXPECT_EQ(Q8ActBlockFor(DType::kQ8_0), 32);
 }
 
 TEST(Q8ActivationTest, ZeroAndNonFiniteBlocks) {
@@ -112,7 +179,8 @@ TEST(Q8ActivationTest, ZeroAndNonFiniteBlocks) {
   x[40] = std::numeric_limits<float>::infinity();
   std::vector<int8_t> q(64, 5);
   std::vector<float> d(2);
-  QuantizeActivationRow(x.data(), 64, q.data(), d.data());
+  std::vector<int16_t> bsum(2), bsum16(4);
+  QuantizeActivationRow(x.data(), 64, 32, q.data(), d.data(), bsum.data(), bsum16.data());
   EXPECT_EQ(d[0], 0.f);
   for (int j = 0; j < 32; ++j) EXPECT_EQ(q[j], 0);
   EXPECT_TRUE(std::isnan(d[1]));
@@ -124,14 +192,17 @@ TEST(Q8ActivationTest, ZeroAndNonFiniteBlocks) {
 // only difference is f32 rounding of the per-block scaling and summation.
 TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
   for (DType type : kInt8Types) {
-    for (int64_t cols : {32, 96, 160, 2048}) {
+    const std::vector<int64_t> widths =
+        IsK(type) ? std::vector<int64_t>{256, 768, 2048} : std::vector<int64_t>{32, 96, 160, 2048};
+    const int block = Q8ActBlockFor(type);
+    for (int64_t cols : widths) {
       for (int64_t rows : {1, 3, 6, 13}) {
         const Weight w = MakeWeight(type, rows, cols, static_cast<uint32_t>(cols + rows));
         for (int64_t n_tokens : {1, 2, 3, 4, 5, 9}) {
           const std::vector<float> x = RandomX(n_tokens * cols, static_cast<uint32_t>(n_tokens));
           Q8Activations act;
-          QuantizeActivations(x.data(), n_tokens, cols, cols, &act, nullptr);
-          const int64_t nb = cols / 32;
+          QuantizeActivations(x.data(), n_tokens, cols, cols, block, &act, nullptr);
+          const int64_t nb = cols / block;
           for (SimdLevel level : Levels()) {
             LevelScope scope(level);
             const Q8KernelTable& table = ActiveQ8Kernels();
@@ -143,6 +214,8 @@ TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
             a.row_end = rows;
             a.xq = act.q.data();
             a.xd = act.d.data();
+            a.xbsum = act.bsum.data();
+            a.xbsum16 = act.bsum16.data();
             a.n_tokens = n_tokens;
             std::vector<float> y(static_cast<size_t>(n_tokens * rows), -1.f);
             a.y = y.data();
@@ -152,14 +225,27 @@ TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
               for (int64_t r = 0; r < rows; ++r) {
                 const uint8_t* row = w.tensor.data + r * a.row_bytes;
                 const double want = Q8ReferenceDot(type, row, cols, act.q.data() + t * cols,
-                                                   act.d.data() + t * nb);
-                // Bound: f32 rounding of each block's scaled sum, relative to
-                // the sum of magnitudes.
+                                                   act.d.data() + t * nb, act.bsum.data() + t * (cols / 32),
+                                                   act.bsum16.data() + t * (cols / 16));
+                // Bound: f32 rounding of the scaled sums, relative to the sum
+                // of magnitudes (for the K-quants, of both terms: at most
+                // d * 63 * 31 and dmin * 63 per element).
                 double mag = 0.0;
                 std::vector<float> dw(static_cast<size_t>(cols));
                 DequantizeRow(type, row, dw.data(), cols);
                 for (int64_t k = 0; k < cols; ++k) {
-                  mag += std::fabs(dw[k] * act.q[t * cols + k] * act.d[t * nb + k / 32]);
+                  double wk = std::fabs(dw[k]);
+                  if (type == DType::kQ6_K) {
+                    // Both terms of sc_j (q - 32): at most 128 * 63 and 128 * 32.
+                    const auto* sb = reinterpret_cast<const BlockQ6_K*>(row) + k / 256;
+                    wk = std::fabs(F16ToF32(sb->d)) * 128 * 95;
+                  } else if (IsK(type)) {
+                    const uint8_t* sb = row + (k / 256) * RowBytes(type, 256);
+                    uint16_t h[2];
+                    std::memcpy(h, sb, sizeof(h));
+                    wk = std::fabs(F16ToF32(h[0])) * 63 * 31 + std::fabs(F16ToF32(h[1])) * 63;
+                  }
+                  mag += wk * std::fabs(act.q[t * cols + k] * act.d[t * nb + k / block]);
                 }
                 EXPECT_LE(std::fabs(y[t * rows + r] - want), 1e-5 * mag + 1e-30)
                     << DTypeName(type) << " " << table.name << " cols=" << cols
@@ -183,7 +269,7 @@ TEST(Q8KernelTest, TablesPresentForTheCpu) {
     EXPECT_STREQ(ActiveQ8Kernels().name, "avx512-vnni");
   }
   for (DType t : kInt8Types) EXPECT_TRUE(Q8Supported(t));
-  EXPECT_FALSE(Q8Supported(DType::kQ4_K));
+  EXPECT_FALSE(Q8Supported(DType::kBF16));
   EXPECT_FALSE(Q8Supported(DType::kF32));
 }
 
@@ -191,8 +277,9 @@ TEST(Q8KernelTest, TablesPresentForTheCpu) {
 // count: what lets a cached prefix and a recomputed one agree.
 TEST(Q8KernelTest, BatchAndThreadInvariantBitwise) {
   ThreadPool one(1), two(2);
-  const int64_t cols = 160, rows = 37;
+  const int64_t rows = 37;
   for (DType type : kInt8Types) {
+    const int64_t cols = IsK(type) ? 512 : 160;
     const Weight w = MakeWeight(type, rows, cols, 5);
     const int64_t n_max = 130;  // past the 64-token chunk and the old sgemm threshold
     const std::vector<float> x = RandomX(n_max * cols, 6);
@@ -232,14 +319,15 @@ TEST(Q8KernelTest, CloseToTheExactProduct) {
     MatMulWithOptions(w.tensor, x.data(), n, exact.data(), two, exact_opt);
     MatMul(w.tensor, x.data(), n, int8.data(), two);
     std::vector<float> dw(cols);
+    const int block = Q8ActBlockFor(type);
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t r = 0; r < rows; ++r) {
         DequantizeRow(type, w.tensor.data + r * RowBytes(type, cols), dw.data(), cols);
         double bound = 0.0;
-        for (int64_t b = 0; b < cols / 32; ++b) {
+        for (int64_t b = 0; b < cols / block; ++b) {
           float amax = 0.f;
-          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[t * cols + b * 32 + j]));
-          for (int j = 0; j < 32; ++j) bound += std::fabs(dw[b * 32 + j]) * amax / 254.0;
+          for (int j = 0; j < block; ++j) amax = std::max(amax, std::fabs(x[t * cols + b * block + j]));
+          for (int j = 0; j < block; ++j) bound += std::fabs(dw[b * block + j]) * amax / 254.0;
         }
         const float e = exact[t * rows + r], q = int8[t * rows + r];
         EXPECT_LE(std::fabs(e - q), bound * 1.01 + 1e-3 * std::fabs(e)) << DTypeName(type);

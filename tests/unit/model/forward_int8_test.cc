@@ -33,15 +33,17 @@ constexpr int kVocab = 101;
 constexpr int kBlock = 4;
 constexpr int kBlocksPerSeq = 20;  // 80 positions
 
-ModelConfig Shape() {
+// Widths that fit the type's blocks: 32 for Q8_0/Q4_0, 256 for the K-quants.
+ModelConfig Shape(DType t) {
+  const bool k = t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
   ModelConfig c;
   c.arch = "llama";
-  c.dim = 64;
+  c.dim = k ? 256 : 64;
   c.n_layers = 3;
   c.n_heads = 8;
   c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.ffn_dim = 160;
+  c.head_dim = c.dim / 8;
+  c.ffn_dim = k ? 512 : 160;
   c.vocab_size = kVocab;
   c.context_length = 128;
   c.rms_eps = 1e-5f;
@@ -71,7 +73,8 @@ class Int8Forward : public ::testing::TestWithParam<DType> {
     SynthOptions opt;
     opt.dtype = GetParam();
     opt.seed = 5;
-    w_ = std::move(MakeSyntheticWeights(Shape(), opt).value());
+    w_ = std::move(MakeSyntheticWeights(Shape(GetParam()), opt).value());
+    ASSERT_EQ(w_.layers[0].wq.type, GetParam());
   }
   std::unique_ptr<ForwardEngine> Engine(ThreadPool* pool) {
     KvOptions kv;
@@ -155,7 +158,8 @@ TEST_P(Int8Forward, BatchSizeDoesNotChangeLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, Int8Forward, ::testing::Values(DType::kQ8_0, DType::kQ4_0),
+INSTANTIATE_TEST_SUITE_P(Types, Int8Forward, ::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
+                                                                   DType::kQ6_K),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 }  // namespace
