@@ -561,6 +561,10 @@ Status DiskStoreImpl::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, co
   op.hash = h;
   op.rec.ns = ns;
   op.rec.length = static_cast<uint32_t>(data.size());
+  // Recency is the order of the requests, not of the I/O completions (which
+  // a loaded disk reorders): eviction, now and after a restart, does not
+  // depend on the disk's timing.
+  op.rec.last_use = ++use_seq_;
   op.src = data.data();
   writing_[h] = id;
   pending_.push_back(id);
@@ -715,7 +719,6 @@ void DiskStoreImpl::CompleteWrite(Op& op, int32_t res) {
     return;
   }
   // Only now, with the data on disk, may the index point at it.
-  op.rec.last_use = ++use_seq_;
   Status s = index_->Put(op.hash, op.rec);
   if (!s.ok()) {
     ++stats_.write_errors;
@@ -725,8 +728,11 @@ void DiskStoreImpl::CompleteWrite(Op& op, int32_t res) {
     Finish(op.tag, std::move(s));
     return;
   }
-  lru_.push_front(op.hash);
-  entries_[op.hash] = Entry{op.rec, lru_.begin()};
+  // In recency order: past the blocks used or requested since this write was
+  // (usually none or a few other writes of the same batch).
+  auto pos = lru_.begin();
+  while (pos != lru_.end() && entries_.at(*pos).rec.last_use > op.rec.last_use) ++pos;
+  entries_[op.hash] = Entry{op.rec, lru_.insert(pos, op.hash)};
   NotifyChanged(op.hash, true);
   stats_.blocks = entries_.size();
   stats_.used_bytes = entries_.size() * slot_bytes_;
