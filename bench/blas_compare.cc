@@ -3,7 +3,7 @@
 //
 //   blas_compare [--threads N] [--reps N] [--section bw|sgemm|decode|batch|shapes|all]
 //                [--types f32,q8_0,...]   (batch and shapes: only these types)
-//                [--activations int8|exact]  (MatMul's ActivationMode; default int8)
+//                [--activations auto|int8|exact]  (MatMul's ActivationMode; default auto)
 //
 // bw:     streaming-read bandwidth, 1 and N threads.
 // sgemm:  oneDNN vs OpenBLAS sgemm 512x2048x2048 (M tokens x N rows x K cols),
@@ -356,8 +356,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--section")) section = argv[i + 1];
     if (!std::strcmp(argv[i], "--types")) g_types = argv[i + 1];
     if (!std::strcmp(argv[i], "--activations")) {
-      strata::cpu::SetActivationMode(std::strcmp(argv[i + 1], "exact") == 0 ? strata::cpu::ActivationMode::kExact
-                                                                             : strata::cpu::ActivationMode::kInt8);
+      const std::string a = argv[i + 1];
+      strata::cpu::SetActivationMode(a == "exact"  ? strata::cpu::ActivationMode::kExact
+                                     : a == "int8" ? strata::cpu::ActivationMode::kInt8
+                                                   : strata::cpu::ActivationMode::kAuto);
     }
   }
   strata::ThreadPool pool(threads);

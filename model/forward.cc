@@ -138,16 +138,29 @@ Status ForwardEngine::Validate(std::span<const ForwardSeq> batch) const {
 // every 1,536 bytes (bench-110m), which the prefetchers barely follow: q8_0
 // decode at batch 1, context 2000, ran 68 tok/s that way and 98 split. Short
 // contexts (under 2 ranges of 4 blocks) keep that per-head split.
+bool ForwardEngine::AllMatMulsInt8() const {
+  const cpu::ActivationMode mode = cpu::GetActivationMode();
+  auto int8 = [mode](const Tensor& t) { return cpu::UsesInt8Activations(t.type, mode); };
+  if (!int8(w_.output)) return false;
+  for (const LayerWeights& L : w_.layers) {
+    for (const Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+      if (!int8(*t)) return false;
+    }
+  }
+  return true;
+}
+
 void ForwardEngine::PlanAttentionRanges(const std::vector<int>& pos_of_token) {
   ranges_.clear();
   range_first_.clear();
   const int T = static_cast<int>(pos_of_token.size());
   const int threads = pool_->num_threads();
   if (T >= 2 * threads || threads <= 1) return;
-  // Int8 activations promise logits independent of batch and thread count
-  // (cpu::ActivationMode::kInt8); a context split's log-sum-exp merge rounds
-  // differently from one pass over the context, so that mode never splits.
-  if (cpu::GetActivationMode() == cpu::ActivationMode::kInt8) return;
+  // When every matrix takes int8 activations the logits are independent of
+  // batch and thread count (cpu::ActivationMode); a context split's
+  // log-sum-exp merge rounds differently from one pass over the context, so
+  // such a model is never split.
+  if (AllMatMulsInt8()) return;
   constexpr int kMinRangeBlocks = 4;
   const int bs = layout_.block_size;
   for (int t = 0; t < T; ++t) {

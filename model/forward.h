@@ -67,6 +67,9 @@ class ForwardEngine final : public ForwardPass {
   // Fills ranges_ / range_first_ for this batch (empty: no split); see
   // forward.cc. Once per Forward: the ranges are the same in every layer.
   void PlanAttentionRanges(const std::vector<int>& pos_of_token);
+  // Whether every matrix multiplies with int8 activations in the current
+  // cpu::ActivationMode (then a token's logits are batch-invariant).
+  bool AllMatMulsInt8() const;
   void Attention(int layer, std::span<const ForwardSeq> batch, const std::vector<int>& seq_of_token,
                  const std::vector<int>& pos_of_token);
 

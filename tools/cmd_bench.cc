@@ -50,7 +50,7 @@ int Fail(const Status& s) {
 int RunKernels(const KernelsFlags& f) {
   auto kv_dtype = DTypeFromName(f.kv_dtype);
   if (!kv_dtype) return Fail(Status::InvalidArgument("unknown --kv-dtype '" + f.kv_dtype + "'"));
-  ApplyActivationFlags(f.int8_activations);
+  ApplyActivationFlags(f.int8_activations, f.exact_activations);
   auto loaded = LoadModel(f.model);
   if (!loaded) return Fail(loaded.error());
   const ModelWeights& w = (*loaded)->weights;

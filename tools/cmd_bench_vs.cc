@@ -29,7 +29,8 @@ struct VsFlags {
   int rounds = 5, threads = 2;
   int batched_context = 512;  // prompt of each of the 32 sequences
   bool batched = true, json = false;
-  bool int8_activations = false;  // Strata's side only (llama.cpp's are always int8)
+  // Strata's side only (llama.cpp's CPU path always quantizes them).
+  bool int8_activations = false, exact_activations = false;
 };
 
 std::string Quote(const std::string& s) {
@@ -146,7 +147,8 @@ Result<Figures> RunStrata(const VsFlags& f) {
   if (ec) return Status::Internal("cannot find this executable: " + ec.message());
   const std::string base = Quote(self) + " bench kernels --log-level warn --model " + Quote(f.model) +
                            " --threads " + std::to_string(f.threads) + " --json" +
-                           (f.int8_activations ? " --int8-activations" : "");
+                           (f.int8_activations ? " --int8-activations" : "") +
+                           (f.exact_activations ? " --exact-activations" : "");
   STRATA_ASSIGN_OR_RETURN(std::string out, Capture(base + " --context 64 --batches 1 --prefill 512"));
   STRATA_RETURN_IF_ERROR(ReadKernels(out, &r.decode, &r.prefill));
   if (f.batched) {
@@ -213,7 +215,7 @@ int RunVs(const VsFlags& f) {
   if (f.json) {
     nlohmann::json j = {{"model", f.model},
                         {"threads", f.threads},
-                        {"activations", f.int8_activations ? "int8" : "exact"},
+                        {"activations", f.int8_activations ? "int8" : f.exact_activations ? "exact" : "auto"},
                         {"rounds", rounds},
                         {"summary", summary}};
     std::printf("%s\n", j.dump(2).c_str());
@@ -242,8 +244,7 @@ void RegisterBenchVsLlamacpp(CLI::App* bench, int* exit_code) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   vs->add_flag("!--no-batched", f->batched, "skip the batched decode figure (32 x 512, llama-batched-bench)");
-  vs->add_flag("--int8-activations", f->int8_activations,
-               "run Strata with int8 activations for quantized weights (as llama.cpp always does)");
+  AddActivationFlags(vs, &f->int8_activations, &f->exact_activations);
   vs->add_flag("--json", f->json, "print one JSON object");
   vs->callback([f, exit_code] { *exit_code = RunVs(*f); });
 }

@@ -36,7 +36,7 @@ std::vector<int32_t> TokenizeText(const LoadedModel& m, const std::string& text)
 
 int RunKld(const KldFlags& f) {
   // Both models: a quantized reference is judged the same way.
-  ApplyActivationFlags(f.int8_activations);
+  ApplyActivationFlags(f.int8_activations, f.exact_activations);
   std::string text;
   if (f.text_path.empty()) {
     text = DefaultEvalText();

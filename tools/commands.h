@@ -46,11 +46,12 @@ struct EngineFlags {
   int kv_block_size = 16;
   std::string kv_dtype = "f16";
   int threads = 0;  // 0 = all hardware threads
-  // --int8-activations / --exact-activations / engine.activations (int8 |
-  // exact): how quantized weights multiply activations; ResolveEngineFlags
-  // sets cpu::SetActivationMode.
+  // --int8-activations / --exact-activations / engine.activations (auto |
+  // int8 | exact): how quantized weights multiply activations;
+  // ResolveEngineFlags sets cpu::SetActivationMode.
   bool int8_activations = false;
   bool exact_activations = false;
+  std::string activations = "auto";
   std::string chat_template;
   // KV cache tiers as typed (--kv-device-bytes ...); ResolveEngineFlags
   // merges them with the YAML kv.* keys into `kv`.
@@ -62,8 +63,9 @@ struct EngineFlags {
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f);
 // Adds --int8-activations and --exact-activations (mutually exclusive) to cmd.
 void AddActivationFlags(CLI::App* cmd, bool* int8, bool* exact);
-// Sets the process's cpu::ActivationMode from those flags (exact unless int8).
-void ApplyActivationFlags(bool int8);
+// Sets the process's cpu::ActivationMode from those flags: int8, exact, or
+// (neither) `fallback` (auto unless a config says otherwise).
+void ApplyActivationFlags(bool int8, bool exact, const std::string& fallback = "auto");
 // Applies the YAML config (if any) under the flags the user did not set.
 bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, std::string* error);
 

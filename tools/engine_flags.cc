@@ -10,14 +10,17 @@ namespace strata::cli {
 
 void AddActivationFlags(CLI::App* cmd, bool* int8, bool* exact) {
   CLI::Option* i = cmd->add_flag("--int8-activations", *int8,
-                                 "multiply quantized weights (q8_0, q4_0, q4_k, q5_k, q6_k) with activations quantized "
-                                 "per token to int8 (batch-invariant)");
-  CLI::Option* e = cmd->add_flag("--exact-activations", *exact, "f32 activations in every product (the default)");
+                                 "multiply every quantized weight type (q8_0 and q4_0 too) with activations quantized "
+                                 "per token to int8 (default: the K-quants only)");
+  CLI::Option* e = cmd->add_flag("--exact-activations", *exact, "f32 activations in every product");
   i->excludes(e);
 }
 
-void ApplyActivationFlags(bool int8) {
-  cpu::SetActivationMode(int8 ? cpu::ActivationMode::kInt8 : cpu::ActivationMode::kExact);
+void ApplyActivationFlags(bool int8, bool exact, const std::string& fallback) {
+  const std::string m = int8 ? "int8" : exact ? "exact" : fallback;
+  cpu::SetActivationMode(m == "int8"    ? cpu::ActivationMode::kInt8
+                         : m == "exact" ? cpu::ActivationMode::kExact
+                                        : cpu::ActivationMode::kAuto);
 }
 
 void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
@@ -100,12 +103,12 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
       f->threads = static_cast<int>(*v);
     }
     if (unset("--exact-activations") && unset("--int8-activations")) {
-      auto v = cfg->GetString("engine.activations", "exact");
+      auto v = cfg->GetString("engine.activations", "auto");
       if (!v) return fail(v.error());
-      if (*v != "exact" && *v != "int8")
-        return fail(Status::InvalidArgument(f->config_path + ": engine.activations must be exact or int8, not '" +
+      if (*v != "auto" && *v != "exact" && *v != "int8")
+        return fail(Status::InvalidArgument(f->config_path + ": engine.activations must be auto, exact or int8, not '" +
                                             *v + "'"));
-      f->int8_activations = *v == "int8";
+      f->activations = *v;
     }
     auto kv = kvcache::KvCacheConfigFromYaml(*cfg, f->kv);
     if (!kv) return fail(kv.error());
@@ -137,7 +140,7 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
   }
   f->kv_block_size = f->kv.block_size;
   f->kv_dtype = f->kv.dtype;
-  ApplyActivationFlags(f->int8_activations);
+  ApplyActivationFlags(f->int8_activations, f->exact_activations, f->activations);
   return true;
 }
 

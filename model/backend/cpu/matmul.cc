@@ -222,7 +222,7 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
     return;
   }
   const ActivationMode mode = options.force_activations ? options.activations : GetActivationMode();
-  if (mode == ActivationMode::kInt8 && Q8Supported(w.type)) {
+  if (UsesInt8Activations(w.type, mode)) {
     // Every batch size: the invariance matmul_q8.h promises needs one path.
     MatMulQ8(w, x, n_tokens, y, pool);
     return;
@@ -277,8 +277,20 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
 }  // namespace internal
 
 namespace {
-std::atomic<ActivationMode> g_activation_mode{ActivationMode::kExact};
+std::atomic<ActivationMode> g_activation_mode{ActivationMode::kAuto};
 }  // namespace
+
+bool UsesInt8Activations(DType t, ActivationMode m) {
+  switch (m) {
+    case ActivationMode::kExact:
+      return false;
+    case ActivationMode::kInt8:
+      return internal::Q8Supported(t);
+    case ActivationMode::kAuto:
+      return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+  }
+  return false;
+}
 
 void SetActivationMode(ActivationMode mode) { g_activation_mode.store(mode); }
 ActivationMode GetActivationMode() { return g_activation_mode.load(); }

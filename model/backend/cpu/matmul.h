@@ -19,6 +19,7 @@
 
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "model/backend/dtype.h"
 #include "model/tensor.h"
 
 namespace strata::cpu {
@@ -29,20 +30,28 @@ namespace strata::cpu {
 Status ValidateMatMulWeight(const Tensor& w);
 
 // How MatMul treats the activations x for quantized weights.
+//
+// With int8 activations (see matmul_q8.h) x is quantized per token (blocks of
+// 32 for Q8_0/Q4_0, 256 for the K-quants; d = max|x| / 127) and multiplied
+// with the weights' codes in integer arithmetic, at every batch size. A
+// token's result then depends only on its own row: the same bits in any
+// batch, chunk, thread count or code path at a given SIMD level.
+// f32/f16/bf16 weights always keep f32 activations.
 enum class ActivationMode {
-  // Default: every product uses x in f32 (`--exact-activations`).
+  // Default (`engine.activations: auto`): int8 for the K-quants (Q4_K, Q5_K,
+  // Q6_K), where it measured faster at decode and even in prefill; f32 for
+  // Q8_0/Q4_0, where the per-32 scales make it slower from 2 tokens on
+  // (docs/PERFORMANCE.md).
+  kAuto,
+  // `--exact-activations`: every product uses x in f32.
   kExact,
-  // `--int8-activations`: quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K;
-  // see matmul_q8.h) are multiplied with x quantized per token (blocks of 32
-  // for Q8_0/Q4_0, 256 for the K-quants; d = max|x| / 127), in integer
-  // arithmetic, at every batch size. A token's result then depends only on
-  // its own row: the same bits in any batch, chunk, thread count or code
-  // path at a given SIMD level. f32/f16/bf16 weights keep f32 activations.
-  // Not the default: on the machine measured (docs/PERFORMANCE.md) it is
-  // faster at small decode batches but slower in prefill than the f32 sgemm
-  // path.
+  // `--int8-activations`: int8 for every type that has kernels (Q8_0, Q4_0
+  // too).
   kInt8,
 };
+
+// Whether MatMul multiplies weights of type t with int8 activations in mode m.
+bool UsesInt8Activations(DType t, ActivationMode m);
 
 // Process-wide, read at the start of each MatMul; set it at start-up (CLI
 // flags) or, in tests, while no MatMul runs.
@@ -51,11 +60,11 @@ ActivationMode GetActivationMode();
 
 // y[t * w.rows() + r] = sum_k W[r][k] * x[t * w.cols() + k]
 // for t in [0, n_tokens), r in [0, w.rows()), where W is w decoded to f32
-// (DequantizeRow's values). With kExact (or a type without int8 kernels) x is
-// used in full f32 precision; code paths, SIMD levels and thread counts differ
+// (DequantizeRow's values). Where UsesInt8Activations is false, x is used
+// in full f32 precision; code paths, SIMD levels and thread counts differ
 // only in float rounding: each output is within ~1e-6 * sum_k |W[r][k] x[k]|
-// (tests allow 1e-5 for f32, 1e-4 for the others) of the exact sum. With
-// kInt8 on quantized weights, x is replaced by its int8 quantization (an error
+// (tests allow 1e-5 for f32, 1e-4 for the others) of the exact sum. Where it
+// is true, x is replaced by its int8 quantization (an error
 // of up to half a step, max|x| / 254, per element of each 32- or 256-block).
 //
 // REQUIRES: ValidateMatMulWeight(w).ok(); x holds n_tokens * cols floats and

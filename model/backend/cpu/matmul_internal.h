@@ -45,7 +45,7 @@ struct MatMulOptions {
   BlasLibrary blas = BlasLibrary::kDefault;
   // Overrides GetActivationMode() for this call when set.
   bool force_activations = false;
-  ActivationMode activations = ActivationMode::kExact;
+  ActivationMode activations = ActivationMode::kAuto;
 };
 
 // The n_tokens thresholds MatMul uses for `t` by default with `lib`.

@@ -52,7 +52,7 @@ TEST(BenchVsLlamacpp, RatiosOverStandInLlamacppOutputs) {
   ASSERT_EQ(j["rounds"].size(), 2u);
   EXPECT_EQ(j["rounds"][0]["first"], "strata");
   EXPECT_EQ(j["rounds"][1]["first"], "llama.cpp");
-  EXPECT_EQ(j["activations"], "exact");
+  EXPECT_EQ(j["activations"], "auto");
   for (const auto& round : j["rounds"]) {
     const std::pair<const char*, double> want[] = {{"decode_b1", 50.0}, {"prefill_512", 100.0},
                                                    {"batched_32x256", 256.0}};

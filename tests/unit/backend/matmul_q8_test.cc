@@ -32,7 +32,7 @@ bool IsK(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType:
 class Int8Activations : public ::testing::Environment {
  public:
   void SetUp() override { SetActivationMode(ActivationMode::kInt8); }
-  void TearDown() override { SetActivationMode(ActivationMode::kExact); }
+  void TearDown() override { SetActivationMode(ActivationMode::kAuto); }
 };
 const auto* const kInt8Env = ::testing::AddGlobalTestEnvironment(new Int8Activations);
 
@@ -270,6 +270,16 @@ TEST(Q8KernelTest, TablesPresentForTheCpu) {
   }
   for (DType t : kInt8Types) EXPECT_TRUE(Q8Supported(t));
   EXPECT_FALSE(Q8Supported(DType::kBF16));
+  // The default uses int8 for the K-quants only.
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    EXPECT_TRUE(UsesInt8Activations(t, ActivationMode::kAuto));
+    EXPECT_FALSE(UsesInt8Activations(t, ActivationMode::kExact));
+  }
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kF32, DType::kF16, DType::kBF16}) {
+    EXPECT_FALSE(UsesInt8Activations(t, ActivationMode::kAuto));
+  }
+  EXPECT_TRUE(UsesInt8Activations(DType::kQ8_0, ActivationMode::kInt8));
+  EXPECT_FALSE(UsesInt8Activations(DType::kF16, ActivationMode::kInt8));
   EXPECT_FALSE(Q8Supported(DType::kF32));
 }
 

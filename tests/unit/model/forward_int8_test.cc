@@ -25,7 +25,7 @@ namespace {
 class Int8Activations : public ::testing::Environment {
  public:
   void SetUp() override { cpu::SetActivationMode(cpu::ActivationMode::kInt8); }
-  void TearDown() override { cpu::SetActivationMode(cpu::ActivationMode::kExact); }
+  void TearDown() override { cpu::SetActivationMode(cpu::ActivationMode::kAuto); }
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Int8Activations);
 

@@ -3,6 +3,7 @@
 // sequences and one-shot prefill compute.
 
 #include "model/forward.h"
+#include "model/backend/cpu/matmul.h"
 
 #include <gtest/gtest.h>
 
@@ -15,6 +16,15 @@
 
 namespace strata {
 namespace {
+
+// These tests compare the forward pass with a double reference of f32
+// activations (and mixed batches with tolerance); the int8 path has its own
+// bitwise tests (forward_int8_test.cc).
+class ExactActivations : public ::testing::Environment {
+ public:
+  void SetUp() override { cpu::SetActivationMode(cpu::ActivationMode::kExact); }
+};
+const auto* const kExactEnv = ::testing::AddGlobalTestEnvironment(new ExactActivations);
 
 ModelConfig Shape(int dim, int layers, int heads, int kv_heads, int ffn, int vocab) {
   ModelConfig c;
