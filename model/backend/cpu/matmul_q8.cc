@@ -15,11 +15,6 @@ namespace strata::cpu::internal {
 
 namespace {
 
-constexpr int kIdxQ4_0 = 3;
-constexpr int kIdxQ8_0 = 4;
-constexpr int kIdxQ4_K = 5;
-constexpr int kIdxQ5_K = 6;
-constexpr int kIdxQ6_K = 7;
 // Rows per pool task are rounded to this (whole cache lines of y).
 constexpr int64_t kRowAlign = 16;
 // Tokens per pass over a task's rows: their codes (tokens x cols bytes, about

@@ -31,6 +31,13 @@
 
 namespace strata::cpu::internal {
 
+// TypeIndex of the weight types with int8 kernels (template arguments).
+inline constexpr int kIdxQ4_0 = 3;
+inline constexpr int kIdxQ8_0 = 4;
+inline constexpr int kIdxQ4_K = 5;
+inline constexpr int kIdxQ5_K = 6;
+inline constexpr int kIdxQ6_K = 7;
+
 // Elements per activation scale for weights of type t (32 or 256).
 int Q8ActBlockFor(DType t);
 

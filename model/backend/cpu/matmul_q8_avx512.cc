@@ -56,46 +56,19 @@ void KTile512(const Q8Args& a, int64_t r, int64_t t0) {
     acc[t] = _mm512_setzero_ps();
     mins[t] = _mm_setzero_ps();
   }
-  const __m256i low4 = _mm256_set1_epi8(15);
   for (int64_t s = 0; s < nsb; ++s) {
-    const uint8_t* qs;
-    const uint8_t* scales;
-    uint16_t d16, dmin16;
-    __m256i hbits = _mm256_setzero_si256();
-    if constexpr (kIndex == kIdxQ4_K) {
-      const auto* blk = reinterpret_cast<const BlockQ4_K*>(row) + s;
-      qs = blk->qs;
-      scales = blk->scales;
-      d16 = blk->d;
-      dmin16 = blk->dmin;
-    } else {
-      const auto* blk = reinterpret_cast<const BlockQ5_K*>(row) + s;
-      qs = blk->qs;
-      scales = blk->scales;
-      d16 = blk->d;
-      dmin16 = blk->dmin;
-      hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh));
-    }
-    const float d = _cvtsh_ss(d16), dmin = _cvtsh_ss(dmin16);
-    uint64_t sc8, m8;
-    UnpackAllScaleMinK4(scales, &sc8, &m8);
-    const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sc8))));
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(m8)));
+    const KSuperBlock sb = LoadKSuperBlock<kIndex>(row, s);
+    const float d = sb.d, dmin = sb.dmin;
+    const __m512i sc16 =
+        _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sb.sc8))));
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sb.m8)));
     __m512i iacc[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * g));
-      __m256i lo = _mm256_and_si256(raw, low4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-      if constexpr (kIndex == kIdxQ5_K) {
-        const __m256i one = _mm256_set1_epi8(1);
-        const __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * g)), one);
-        const __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * g + 1)), one);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
-      }
+      __m256i lo, hi;
+      KGroupCodes<kIndex>(sb, g, &lo, &hi);
       const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       const __m512i pick = _mm512_inserti64x4(
           _mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * 2 * g))),

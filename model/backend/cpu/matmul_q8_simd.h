@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "model/backend/cpu/matmul_q8.h"
 #include "model/backend/cpu/quant.h"
@@ -27,24 +28,6 @@
 namespace strata::cpu::internal {
 namespace {
 
-constexpr int kIdxQ4_0 = 3;
-constexpr int kIdxQ8_0 = 4;
-constexpr int kIdxQ4_K = 5;
-constexpr int kIdxQ5_K = 6;
-constexpr int kIdxQ6_K = 7;
-
-// All eight 6-bit scales and mins of a Q4_K/Q5_K block, one byte each, with
-// a few word operations (as matmul_simd.h's, kept separate so this header
-// stands alone).
-inline void UnpackAllScaleMinK4(const uint8_t packed[12], uint64_t* sc, uint64_t* m) {
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
-  uint32_t w[3];
-  __builtin_memcpy(w, packed, 12);
-  const uint32_t sc_hi = (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4);
-  const uint32_t m_hi = ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4);
-  *sc = static_cast<uint64_t>(sc_hi) << 32 | (w[0] & kLow6);
-  *m = static_cast<uint64_t>(m_hi) << 32 | (w[1] & kLow6);
-}
 
 // The 32 signed codes of block b of a Q8_0 / Q4_0 row, and its scale.
 template <int kIndex>
@@ -223,6 +206,49 @@ void Q8Rows(const Q8Args& a) {
 // d_x * d into an f32 accumulator. The minimums: sum_j m_j * bsum_j in
 // integers, scaled by d_x * dmin into a scalar subtracted at the end.
 
+// The parts of super-block s of a Q4_K/Q5_K row the int8 kernels read.
+struct KSuperBlock {
+  const uint8_t* qs;
+  uint64_t sc8, m8;  // UnpackAllScaleMinK4's
+  float d, dmin;
+  __m256i hbits;  // Q5_K's qh; zero for Q4_K
+};
+
+template <int kIndex>
+inline KSuperBlock LoadKSuperBlock(const uint8_t* row, int64_t s) {
+  using Block = std::conditional_t<kIndex == kIdxQ4_K, BlockQ4_K, BlockQ5_K>;
+  const auto* blk = reinterpret_cast<const Block*>(row) + s;
+  KSuperBlock b;
+  b.qs = blk->qs;
+  UnpackAllScaleMinK4(blk->scales, &b.sc8, &b.m8);
+  b.d = _cvtsh_ss(blk->d);
+  b.dmin = _cvtsh_ss(blk->dmin);
+  if constexpr (kIndex == kIdxQ5_K) {
+    b.hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh));
+  } else {
+    b.hbits = _mm256_setzero_si256();
+  }
+  return b;
+}
+
+// The codes of group g (elements 64g .. 64g + 63): sub-block 2g in *lo,
+// 2g + 1 in *hi, one per byte.
+template <int kIndex>
+inline void KGroupCodes(const KSuperBlock& b, int g, __m256i* lo, __m256i* hi) {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * g));
+  *lo = _mm256_and_si256(raw, low4);
+  *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+  if constexpr (kIndex == kIdxQ5_K) {
+    // Bit 2g of qh[l] is bit 4 of element 64g + l, bit 2g + 1 of 64g + 32 + l.
+    const __m256i one = _mm256_set1_epi8(1);
+    const __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(b.hbits, _mm_cvtsi32_si128(2 * g)), one);
+    const __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(b.hbits, _mm_cvtsi32_si128(2 * g + 1)), one);
+    *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(b0, 4));
+    *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(b1, 4));
+  }
+}
+
 template <int kIndex, int NT>
 void Q8KTile(const Q8Args& a, int64_t r, int64_t t0) {
   const int64_t nsb = a.cols / 256;
@@ -235,49 +261,21 @@ void Q8KTile(const Q8Args& a, int64_t r, int64_t t0) {
     acc[t] = _mm256_setzero_ps();
     mins[t] = 0.f;
   }
-  const __m256i low4 = _mm256_set1_epi8(15);
   for (int64_t s = 0; s < nsb; ++s) {
-    const uint8_t* qs;
-    const uint8_t* scales;
-    uint16_t d16, dmin16;
-    __m256i hbits = _mm256_setzero_si256();
-    if constexpr (kIndex == kIdxQ4_K) {
-      const auto* blk = reinterpret_cast<const BlockQ4_K*>(row) + s;
-      qs = blk->qs;
-      scales = blk->scales;
-      d16 = blk->d;
-      dmin16 = blk->dmin;
-    } else {
-      const auto* blk = reinterpret_cast<const BlockQ5_K*>(row) + s;
-      qs = blk->qs;
-      scales = blk->scales;
-      d16 = blk->d;
-      dmin16 = blk->dmin;
-      hbits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh));
-    }
-    const float d = _cvtsh_ss(d16), dmin = _cvtsh_ss(dmin16);
+    const KSuperBlock sb = LoadKSuperBlock<kIndex>(row, s);
+    const float d = sb.d, dmin = sb.dmin;
     // The 6-bit scales and mins as 8 int16 each; the scales in both 128-bit
     // halves, so one byte shuffle broadcasts sub-block j's.
-    uint64_t sc8, m8;
-    UnpackAllScaleMinK4(scales, &sc8, &m8);
-    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sc8))));
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(m8)));
+    const __m256i sc16 =
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sb.sc8))));
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sb.m8)));
     __m256i iacc[NT];
 #pragma GCC unroll 6
     for (int t = 0; t < NT; ++t) iacc[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * g));
-      __m256i lo = _mm256_and_si256(raw, low4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-      if constexpr (kIndex == kIdxQ5_K) {
-        // Bit 2g of qh[l] is bit 4 of element 64g + l, bit 2g + 1 of 64g + 32 + l.
-        const __m256i one = _mm256_set1_epi8(1);
-        const __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * g)), one);
-        const __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * g + 1)), one);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
-      }
+      __m256i lo, hi;
+      KGroupCodes<kIndex>(sb, g, &lo, &hi);
       const __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * 2 * g)));
       const __m256i s1 =
           _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * (2 * g + 1))));

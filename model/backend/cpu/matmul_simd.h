@@ -35,23 +35,6 @@ float ReduceAdd8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// All eight 6-bit scales and mins of a Q4_K/Q5_K block at once, as
-// UnpackScaleMinK4 gives them one by one: scales 0..7 in the bytes of *sc,
-// mins in *m. In 64-bit registers, not memory: the kernels move them into a
-// vector with vmovq, where a 16-byte store read back as two 8-byte loads
-// cannot be store-forwarded (each load spans two 4-byte stores) and stalled
-// every block.
-inline void UnpackAllScaleMinK4(const uint8_t packed[12], uint64_t* sc, uint64_t* m) {
-  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
-  uint32_t w[3];
-  __builtin_memcpy(w, packed, 12);
-  const uint32_t sc_lo = w[0] & kLow6;                                          // sc 0..3
-  const uint32_t sc_hi = (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4);         // sc 4..7
-  const uint32_t m_lo = w[1] & kLow6;                                           // m 0..3
-  const uint32_t m_hi = ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4);   // m 4..7
-  *sc = static_cast<uint64_t>(sc_hi) << 32 | sc_lo;
-  *m = static_cast<uint64_t>(m_hi) << 32 | m_lo;
-}
 
 // ---- Block decoders: call emit(k, offset, w) for every kLanes-vector of
 // weights w in a block, where k is the vector's index (0, 1, 2, ...) and
