@@ -10,8 +10,8 @@ namespace strata::cli {
 
 void AddActivationFlags(CLI::App* cmd, bool* int8, bool* exact) {
   CLI::Option* i = cmd->add_flag("--int8-activations", *int8,
-                                 "multiply every quantized weight type (q8_0 and q4_0 too) with activations quantized "
-                                 "per token to int8 (default: the K-quants only)");
+                                 "multiply every quantized weight type (q8_0 too) with activations quantized per "
+                                 "token to int8 (default: the K-quants, and q4_0 with AVX-512 VNNI)");
   CLI::Option* e = cmd->add_flag("--exact-activations", *exact, "f32 activations in every product");
   i->excludes(e);
 }

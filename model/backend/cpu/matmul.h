@@ -38,10 +38,11 @@ Status ValidateMatMulWeight(const Tensor& w);
 // batch, chunk, thread count or code path at a given SIMD level.
 // f32/f16/bf16 weights always keep f32 activations.
 enum class ActivationMode {
-  // Default (`engine.activations: auto`): int8 for the K-quants (Q4_K, Q5_K,
-  // Q6_K), where it measured faster at decode and even in prefill; f32 for
-  // Q8_0/Q4_0, where the per-32 scales make it slower from 2 tokens on
-  // (docs/PERFORMANCE.md).
+  // Default (`engine.activations: auto`): int8 for the K-quants (Q4_K,
+  // Q5_K, Q6_K) and, where AVX-512 VNNI is active, Q4_0, where it measured
+  // faster (Q4_0: in prefill and batched decode, 0.9 x at batch 1); f32 for
+  // Q8_0, where int8 measured
+  // 0.8 x at batch 1 and f32 already leads (docs/PERFORMANCE.md).
   kAuto,
   // `--exact-activations`: every product uses x in f32.
   kExact,

@@ -1,9 +1,8 @@
-// AVX-512 VNNI int8-activation kernels (matmul_q8.h). Q8_0/Q4_0: the 256-bit
-// kernels of matmul_q8_simd.h with block sums by vpdpbusd (u8 x s8, 4
-// products into each int32 lane, exact) and the 32 vector registers
-// AVX-512VL gives for bigger tiles; 256-bit because pairing 32-element blocks
-// into 512-bit vectors (with their scales) measured 3x slower. Q4_K/Q5_K:
-// 512-bit tiles below, one 64-element group (two sub-blocks) per vector.
+// AVX-512 VNNI int8-activation kernels (matmul_q8.h). Q8_0/Q4_0: 16 weight
+// rows in the lanes of a 512-bit vector (LaneRows below), block sums by
+// vpdpbusd (u8 x s8, 4 products into each int32 lane, exact). Q4_K/Q5_K:
+// 512-bit tiles, one 64-element group (two sub-blocks) per vector. Q6_K: the
+// 256-bit kernels of matmul_q8_simd.h.
 // Only reached through Avx512VnniQ8Kernels(), which checks the CPU.
 
 #pragma GCC diagnostic push
@@ -11,6 +10,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+
+#include <cstring>
 
 #include "model/backend/cpu/cpu_features.h"
 #include "model/backend/cpu/matmul_q8.h"
@@ -117,10 +118,156 @@ void KRows512(const Q8Args& a) {
   }
 }
 
+// Q8_0 / Q4_0, 16 weight rows in the 16 lanes of a 512-bit vector. Per
+// 32-element block, vector k (k = 0..7) holds in lane i the 4 codes of row i
+// that multiply the token's codes 4k..4k+3, as unsigned bytes (Q4_0: the
+// nibble, its code + 8; Q8_0: the code + 128), so 8 vpdpbusd with the
+// token's code quads broadcast give the 16 rows' block sums, started from
+// -offset * (the token's code sum) so the sums are the exact signed ones.
+// Each is converted and multiplied by d_w * d_x into that row's f32 lane,
+// block after block: a (row, token) output is one sequence of operations
+// in one lane whatever the tile, the rows around it or the tail.
+constexpr int kLaneRows = 16;
+constexpr int kLaneTokens = 8;
+constexpr int kPrefetchGroups = 1;  // how many 16-row groups ahead the weights are prefetched
+
+// Four rows' 16 bytes at byte offset `at` into the 128-bit lanes of one vector.
+inline __m512i Load4x16(const uint8_t* const* rows, int j, int64_t at) {
+  __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + at)));
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 + j] + at)), 1);
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[8 + j] + at)), 2);
+  return _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[12 + j] + at)), 3);
+}
+
+// out[k] lane i = dword k of rows[i]'s 16 bytes at `at`, for k = 0..3.
+inline void Transpose16x4(const uint8_t* const* rows, int64_t at, __m512i* out) {
+  // z_j's 128-bit lane q holds row 4q + j, so the 4 x 4 transposes within
+  // the 128-bit lanes leave row i in lane i.
+  const __m512i z0 = Load4x16(rows, 0, at), z1 = Load4x16(rows, 1, at);
+  const __m512i z2 = Load4x16(rows, 2, at), z3 = Load4x16(rows, 3, at);
+  const __m512i a0 = _mm512_unpacklo_epi32(z0, z1), a1 = _mm512_unpackhi_epi32(z0, z1);
+  const __m512i a2 = _mm512_unpacklo_epi32(z2, z3), a3 = _mm512_unpackhi_epi32(z2, z3);
+  out[0] = _mm512_unpacklo_epi64(a0, a2);
+  out[1] = _mm512_unpackhi_epi64(a0, a2);
+  out[2] = _mm512_unpacklo_epi64(a1, a3);
+  out[3] = _mm512_unpackhi_epi64(a1, a3);
+}
+
+template <int kIndex>
+constexpr int64_t LaneBlockBytes() {
+  return kIndex == kIdxQ4_0 ? static_cast<int64_t>(sizeof(BlockQ4_0)) : static_cast<int64_t>(sizeof(BlockQ8_0));
+}
+
+// Block b of the 16 rows: the 8 code vectors and the 16 scales.
+template <int kIndex>
+inline __m512 LaneBlock(const uint8_t* const* rows, __m512i row_offsets, const uint8_t* base, int64_t b,
+                        __m512i* v) {
+  const int64_t at = b * LaneBlockBytes<kIndex>() + 2;  // the codes follow the f16 scale
+  if constexpr (kIndex == kIdxQ4_0) {
+    // Byte j holds element j (low nibble) and element j + 16 (high nibble).
+    __m512i q[4];
+    Transpose16x4(rows, at, q);
+    const __m512i m = _mm512_set1_epi8(15);
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm512_and_si512(q[k], m);
+      v[4 + k] = _mm512_and_si512(_mm512_srli_epi16(q[k], 4), m);
+    }
+  } else {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    Transpose16x4(rows, at, v);
+    Transpose16x4(rows, at + 16, v + 4);
+    for (int k = 0; k < 8; ++k) v[k] = _mm512_xor_si512(v[k], flip);
+  }
+  // The f16 scales: 4 bytes gathered from each row's block start.
+  // The f16 scales: dword 0 of each row's block (the scale, then two codes),
+  // transposed as the codes are (cheaper than a gather on Zen 4, measured).
+  (void)row_offsets, (void)base;
+  const int64_t start = at - 2;
+  const __m512i z0 = Load4x16(rows, 0, start), z1 = Load4x16(rows, 1, start);
+  const __m512i z2 = Load4x16(rows, 2, start), z3 = Load4x16(rows, 3, start);
+  const __m512i d32 = _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(z0, z1), _mm512_unpacklo_epi32(z2, z3));
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));
+}
+
+template <int kIndex, int NT>
+void LaneTile(const Q8Args& a, int64_t r0, int nr, int64_t t0, const uint8_t* prefetch) {
+  const int64_t nb = a.cols / 32;
+  constexpr int32_t kOffset = kIndex == kIdxQ4_0 ? 8 : 128;
+  constexpr int kChains = NT <= 2 ? 4 : NT <= 4 ? 2 : 1;
+  constexpr int kPrefetchLines = static_cast<int>((kLaneRows * LaneBlockBytes<kIndex>() + 63) / 64);
+  const uint8_t* base = a.w + r0 * a.row_bytes;
+  const uint8_t* rows[kLaneRows];
+  alignas(64) int32_t offsets[kLaneRows];
+  for (int i = 0; i < kLaneRows; ++i) {
+    // Lanes past the tail repeat the first row; their results are not stored.
+    offsets[i] = static_cast<int32_t>((i < nr ? i : 0) * static_cast<int64_t>(a.row_bytes));
+    rows[i] = base + offsets[i];
+  }
+  const __m512i row_offsets = _mm512_load_si512(offsets);
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    if (prefetch != nullptr) {
+      // The next 16 rows, spread over this group's blocks.
+      for (int l = 0; l < kPrefetchLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(prefetch + (b * kPrefetchLines + l) * 64), _MM_HINT_T0);
+    }
+    __m512i v[8];
+    const __m512 dw = LaneBlock<kIndex>(rows, row_offsets, base, b, v);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const int64_t tb = (t0 + t) * nb + b;
+      const int8_t* xq = a.xq + (t0 + t) * a.cols + 32 * b;
+      // kChains independent vpdpbusd chains (integer, so the sum is the same
+      // however it is split): with few tokens, one chain of 8 would leave the
+      // block's latency exposed.
+      __m512i c[kChains];
+      c[0] = _mm512_set1_epi32(-kOffset * int32_t{a.xbsum[tb]});
+#pragma GCC unroll 4
+      for (int j = 1; j < kChains; ++j) c[j] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        int32_t quad;
+        std::memcpy(&quad, xq + 4 * k, 4);
+        c[k % kChains] = _mm512_dpbusd_epi32(c[k % kChains], v[k], _mm512_set1_epi32(quad));
+      }
+      __m512i s = c[0];
+#pragma GCC unroll 4
+      for (int j = 1; j < kChains; ++j) s = _mm512_add_epi32(s, c[j]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a.xd[tb])), acc[t]);
+    }
+  }
+  const __mmask16 store = static_cast<__mmask16>((1u << nr) - 1);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(a.y + (t0 + t) * a.y_stride + r0, store, acc[t]);
+}
+
+template <int kIndex, int NT>
+void LaneTileUpto(const Q8Args& a, int64_t r0, int nr, int64_t t0, int nt, const uint8_t* prefetch) {
+  if constexpr (NT > 1) {
+    if (nt < NT) return LaneTileUpto<kIndex, NT - 1>(a, r0, nr, t0, nt, prefetch);
+  }
+  LaneTile<kIndex, NT>(a, r0, nr, t0, prefetch);
+}
+
+template <int kIndex>
+void LaneRows(const Q8Args& a) {
+  for (int64_t r = a.row_begin; r < a.row_end; r += kLaneRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kLaneRows, a.row_end - r));
+    const uint8_t* next = r + (kPrefetchGroups + 1) * kLaneRows <= a.row_end
+                              ? a.w + (r + kPrefetchGroups * kLaneRows) * a.row_bytes
+                              : nullptr;
+    for (int64_t t = 0; t < a.n_tokens; t += kLaneTokens) {
+      const int nt = static_cast<int>(std::min<int64_t>(kLaneTokens, a.n_tokens - t));
+      LaneTileUpto<kIndex, kLaneTokens>(a, r, nr, t, nt, t == 0 ? next : nullptr);
+    }
+  }
+}
+
 constexpr Q8KernelTable kTable = {
     "avx512-vnni",
-    {nullptr, nullptr, nullptr, &Q8Rows<kIdxQ4_0>, &Q8Rows<kIdxQ8_0>, &KRows512<kIdxQ4_K>, &KRows512<kIdxQ5_K>,
-     &Q6Rows},
+    {nullptr, nullptr, nullptr, &LaneRows<kIdxQ4_0>, &LaneRows<kIdxQ8_0>, &KRows512<kIdxQ4_K>,
+     &KRows512<kIdxQ5_K>, &Q6Rows},
     &QuantizeRowSimd};
 
 }  // namespace

@@ -196,9 +196,10 @@ TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
         IsK(type) ? std::vector<int64_t>{256, 768, 2048} : std::vector<int64_t>{32, 96, 160, 2048};
     const int block = Q8ActBlockFor(type);
     for (int64_t cols : widths) {
-      for (int64_t rows : {1, 3, 6, 13}) {
+      // 16 and 35 rows: whole and partial groups of the 16-lane kernels.
+      for (int64_t rows : {1, 3, 6, 13, 16, 35}) {
         const Weight w = MakeWeight(type, rows, cols, static_cast<uint32_t>(cols + rows));
-        for (int64_t n_tokens : {1, 2, 3, 4, 5, 9}) {
+        for (int64_t n_tokens : {1, 2, 3, 4, 5, 8, 9}) {
           const std::vector<float> x = RandomX(n_tokens * cols, static_cast<uint32_t>(n_tokens));
           Q8Activations act;
           QuantizeActivations(x.data(), n_tokens, cols, cols, block, &act, nullptr);
@@ -270,12 +271,18 @@ TEST(Q8KernelTest, TablesPresentForTheCpu) {
   }
   for (DType t : kInt8Types) EXPECT_TRUE(Q8Supported(t));
   EXPECT_FALSE(Q8Supported(DType::kBF16));
-  // The default uses int8 for the K-quants only.
+  // The default uses int8 for the K-quants, and for Q4_0 where its 16-row
+  // lane kernel runs (AVX-512 VNNI).
   for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     EXPECT_TRUE(UsesInt8Activations(t, ActivationMode::kAuto));
     EXPECT_FALSE(UsesInt8Activations(t, ActivationMode::kExact));
   }
-  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kF32, DType::kF16, DType::kBF16}) {
+  for (SimdLevel level : Levels()) {
+    LevelScope scope(level);
+    const bool vnni = &ActiveQ8Kernels() == Avx512VnniQ8Kernels();
+    EXPECT_EQ(UsesInt8Activations(DType::kQ4_0, ActivationMode::kAuto), vnni) << static_cast<int>(level);
+  }
+  for (DType t : {DType::kQ8_0, DType::kF32, DType::kF16, DType::kBF16}) {
     EXPECT_FALSE(UsesInt8Activations(t, ActivationMode::kAuto));
   }
   EXPECT_TRUE(UsesInt8Activations(DType::kQ8_0, ActivationMode::kInt8));
