@@ -160,8 +160,7 @@ constexpr int64_t LaneBlockBytes() {
 
 // Block b of the 16 rows: the 8 code vectors and the 16 scales.
 template <int kIndex>
-inline __m512 LaneBlock(const uint8_t* const* rows, __m512i row_offsets, const uint8_t* base, int64_t b,
-                        __m512i* v) {
+inline __m512 LaneBlock(const uint8_t* const* rows, int64_t b, __m512i* v) {
   const int64_t at = b * LaneBlockBytes<kIndex>() + 2;  // the codes follow the f16 scale
   if constexpr (kIndex == kIdxQ4_0) {
     // Byte j holds element j (low nibble) and element j + 16 (high nibble).
@@ -178,10 +177,8 @@ inline __m512 LaneBlock(const uint8_t* const* rows, __m512i row_offsets, const u
     Transpose16x4(rows, at + 16, v + 4);
     for (int k = 0; k < 8; ++k) v[k] = _mm512_xor_si512(v[k], flip);
   }
-  // The f16 scales: 4 bytes gathered from each row's block start.
   // The f16 scales: dword 0 of each row's block (the scale, then two codes),
   // transposed as the codes are (cheaper than a gather on Zen 4, measured).
-  (void)row_offsets, (void)base;
   const int64_t start = at - 2;
   const __m512i z0 = Load4x16(rows, 0, start), z1 = Load4x16(rows, 1, start);
   const __m512i z2 = Load4x16(rows, 2, start), z3 = Load4x16(rows, 3, start);
@@ -197,13 +194,8 @@ void LaneTile(const Q8Args& a, int64_t r0, int nr, int64_t t0, const uint8_t* pr
   constexpr int kPrefetchLines = static_cast<int>((kLaneRows * LaneBlockBytes<kIndex>() + 63) / 64);
   const uint8_t* base = a.w + r0 * a.row_bytes;
   const uint8_t* rows[kLaneRows];
-  alignas(64) int32_t offsets[kLaneRows];
-  for (int i = 0; i < kLaneRows; ++i) {
-    // Lanes past the tail repeat the first row; their results are not stored.
-    offsets[i] = static_cast<int32_t>((i < nr ? i : 0) * static_cast<int64_t>(a.row_bytes));
-    rows[i] = base + offsets[i];
-  }
-  const __m512i row_offsets = _mm512_load_si512(offsets);
+  // Lanes past the tail repeat the first row; their results are not stored.
+  for (int i = 0; i < kLaneRows; ++i) rows[i] = base + (i < nr ? i : 0) * a.row_bytes;
   __m512 acc[NT];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -213,7 +205,7 @@ void LaneTile(const Q8Args& a, int64_t r0, int nr, int64_t t0, const uint8_t* pr
       for (int l = 0; l < kPrefetchLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(prefetch + (b * kPrefetchLines + l) * 64), _MM_HINT_T0);
     }
     __m512i v[8];
-    const __m512 dw = LaneBlock<kIndex>(rows, row_offsets, base, b, v);
+    const __m512 dw = LaneBlock<kIndex>(rows, b, v);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const int64_t tb = (t0 + t) * nb + b;
