@@ -87,16 +87,19 @@ TEST(FrontDoorTest, HealthAndSmallChatsAnswerWhileHugeBodiesAreTokenized) {
 }
 
 TEST(FrontDoorTest, AFullLaneAnswers503WithRetryAfterAndCountsIt) {
-  // One large-lane worker and a queue of one: of four big requests at once,
-  // at most two are taken (one running, one waiting); the rest get 503.
+  // One large-lane worker and a queue of one: of eight big requests at once,
+  // at most two are taken (one running, one waiting); the rest get 503. (It
+  // was four: under a loaded full-suite run all four once arrived slowly
+  // enough that none was refused; eight leaves six to arrive while the
+  // worker tokenizes one.)
   auto server = StartTinyServer({"--max-body-bytes", "16M", "--parse-threads", "1", "--large-lane-queue", "1",
                                  "--small-body-bytes", "64K"});
   ASSERT_NE(server, nullptr);
   const int port = server->port("http");
   const std::string big = BigChat(6u << 20);
-  std::vector<JsonResponse> got(4);
+  std::vector<JsonResponse> got(8);
   std::vector<std::thread> flood;
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 8; ++i)
     flood.emplace_back([&, i] { got[static_cast<size_t>(i)] = PostJson(port, "/v1/chat/completions", big, {}, 600); });
   for (auto& t : flood) t.join();
   int refused = 0;
