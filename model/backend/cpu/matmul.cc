@@ -286,11 +286,10 @@ bool UsesInt8Activations(DType t, ActivationMode m) {
       return false;
     case ActivationMode::kInt8:
       return internal::Q8Supported(t);
-    case ActivationMode::kAuto:
-      // Q4_0's 16-row lane kernel exists at AVX-512 VNNI only; the 256-bit
-      // ones measured slower than f32 activations for it.
-      if (t == DType::kQ4_0) return &internal::ActiveQ8Kernels() == internal::Avx512VnniQ8Kernels();
-      return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
+    case ActivationMode::kAuto: {
+      return internal::Q8Supported(t) &&
+             internal::ActiveQ8Kernels().auto_int8[static_cast<size_t>(internal::TypeIndex(t))];
+    }
   }
   return false;
 }

@@ -41,8 +41,8 @@ enum class ActivationMode {
   // Default (`engine.activations: auto`): int8 for the K-quants (Q4_K,
   // Q5_K, Q6_K) and, where AVX-512 VNNI is active, Q4_0, where it measured
   // faster (Q4_0: in prefill and batched decode, 0.9 x at batch 1); f32 for
-  // Q8_0, where int8 measured
-  // 0.8 x at batch 1 and f32 already leads (docs/PERFORMANCE.md).
+  // Q8_0, where int8 measured 0.8 x at batch 1 and f32 already leads
+  // (docs/PERFORMANCE.md). Each kernel table says which (auto_int8).
   kAuto,
   // `--exact-activations`: every product uses x in f32.
   kExact,

@@ -190,7 +190,8 @@ constexpr Q8KernelTable kScalarQ8 = {
     "scalar",
     {nullptr, nullptr, nullptr, &ScalarRows<kIdxQ4_0>, &ScalarRows<kIdxQ8_0>, &ScalarKRows<kIdxQ4_K>,
      &ScalarKRows<kIdxQ5_K>, &ScalarQ6Rows},
-    &QuantizeActivationRow};
+    &QuantizeActivationRow,
+    kAutoInt8KQuants};
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 // sum then spans a super-block, the weights' sub-scales applied in
 // integers). Q8Supported says which.
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +38,10 @@ inline constexpr int kIdxQ8_0 = 4;
 inline constexpr int kIdxQ4_K = 5;
 inline constexpr int kIdxQ5_K = 6;
 inline constexpr int kIdxQ6_K = 7;
+
+// Q8KernelTable::auto_int8 of the tables whose only faster kernels are the
+// K-quants' (the 256-bit Q8_0/Q4_0 kernels measured slower than f32).
+inline constexpr std::array<bool, kNumTypes> kAutoInt8KQuants = {false, false, false, false, false, true, true, true};
 
 // Elements per activation scale for weights of type t (32 or 256).
 int Q8ActBlockFor(DType t);
@@ -96,6 +101,9 @@ struct Q8KernelTable {
   // Indexed by TypeIndex; nullptr where the type has no int8 kernel.
   Q8RowsFn rows[kNumTypes];
   Q8QuantizeFn quantize;
+  // The types whose kernels here measured faster than f32 activations: what
+  // `engine.activations: auto` takes int8 for (docs/PERFORMANCE.md).
+  std::array<bool, kNumTypes> auto_int8;
 };
 
 const Q8KernelTable& ScalarQ8Kernels();

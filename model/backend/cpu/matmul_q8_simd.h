@@ -422,7 +422,8 @@ constexpr Q8KernelTable MakeQ8Table(const char* name) {
   return {name,
           {nullptr, nullptr, nullptr, &Q8Rows<kIdxQ4_0>, &Q8Rows<kIdxQ8_0>, &Q8KRows<kIdxQ4_K>, &Q8KRows<kIdxQ5_K>,
            &Q6Rows},
-          &QuantizeRowSimd};
+          &QuantizeRowSimd,
+          kAutoInt8KQuants};
 }
 
 }  // namespace
