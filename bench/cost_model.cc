@@ -155,6 +155,35 @@ ClusterConfig DefaultCluster() {
   return c;
 }
 
+namespace {
+
+// `roles.*` and `slower.role` (after instances and slower.instances).
+Status ParseRoles(const Config& cfg, ClusterConfig* out) {
+  const std::string& origin = cfg.origin();
+  STRATA_ASSIGN_OR_RETURN(int64_t prefill, cfg.GetInt("roles.prefill", 0));
+  if (prefill < 0 || (prefill > 0 && prefill >= out->instances))
+    return Status::InvalidArgument(origin + ": roles.prefill must be 0 (colocated) or in [1, instances - 1]");
+  out->prefill_instances = static_cast<int>(prefill);
+  STRATA_ASSIGN_OR_RETURN(uint64_t bw, cfg.GetBytes("roles.transfer_bytes_per_s", 0));
+  out->transfer_bytes_per_s = static_cast<double>(bw);
+  STRATA_ASSIGN_OR_RETURN(int64_t lat_us, cfg.GetInt("roles.transfer_latency_us", 0));
+  if (lat_us < 0 || lat_us > 10000000)
+    return Status::InvalidArgument(origin + ": roles.transfer_latency_us must be in [0, 10000000]");
+  out->transfer_latency_s = static_cast<double>(lat_us) / 1e6;
+  STRATA_ASSIGN_OR_RETURN(out->slower_role, cfg.GetString("slower.role", ""));
+  if (!out->slower_role.empty()) {
+    if (out->slower_role != "prefill" && out->slower_role != "decode")
+      return Status::InvalidArgument(origin + ": slower.role must be prefill or decode, not '" + out->slower_role + "'");
+    if (prefill == 0) return Status::InvalidArgument(origin + ": slower.role needs roles.prefill");
+    const int group = out->slower_role == "prefill" ? out->prefill_instances : out->instances - out->prefill_instances;
+    if (out->slower_instances > group)
+      return Status::InvalidArgument(origin + ": slower.instances exceeds the " + out->slower_role + " instances");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& base_dir) {
   static const std::vector<std::string> kKnown = {
       "instances", "routing", "instance.profile", "instance.model", "instance.kv_dtype",
@@ -165,7 +194,8 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
       "instance.host_write_policy", "instance.disk_write_policy", "instance.eviction_policy", "instance.host_eviction_policy",
       "instance.max_num_seqs",
       "instance.max_batch_tokens", "instance.cost.a", "instance.cost.b", "instance.cost.c", "instance.cost.d",
-      "instance.cost.e", "instance.cost.f", "instance.cost.calibrated", "slower.instances", "slower.factor"};
+      "instance.cost.e", "instance.cost.f", "instance.cost.calibrated", "slower.instances", "slower.factor", "slower.role",
+      "roles.prefill", "roles.transfer_bytes_per_s", "roles.transfer_latency_us"};
   STRATA_RETURN_IF_ERROR(cfg.CheckKnownKeys(kKnown));
   const std::string& origin = cfg.origin();
   ClusterConfig out;
@@ -183,6 +213,7 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
   STRATA_ASSIGN_OR_RETURN(out.slower_factor, cfg.GetDouble("slower.factor", 1));
   if (!(out.slower_factor >= 1) || out.slower_factor > 1000)
     return Status::InvalidArgument(origin + ": slower.factor must be in [1, 1000]");
+  STRATA_RETURN_IF_ERROR(ParseRoles(cfg, &out));
 
   STRATA_ASSIGN_OR_RETURN(std::string profile, cfg.GetString("instance.profile", "cpu-bench-110m"));
   auto base = ProfileInstance(profile);
@@ -276,9 +307,15 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
   return out;
 }
 
+std::string_view ClusterConfig::RoleName(int i) const {
+  if (!disaggregated()) return "both";
+  return i < prefill_instances ? "prefill" : "decode";
+}
+
 CostModel ClusterConfig::InstanceCost(int i) const {
   CostModel m = instance.cost;
-  if (i < instances - slower_instances) return m;
+  const int end = slower_role == "prefill" ? prefill_instances : instances;  // the slower group ends here
+  if (i >= end || i < end - slower_instances) return m;
   for (double* v : {&m.a, &m.b, &m.c, &m.d, &m.e, &m.f}) *v *= slower_factor;
   return m;
 }

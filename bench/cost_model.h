@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/config.h"
@@ -101,6 +102,22 @@ struct ClusterConfig {
   // older machine beside newer ones.
   int slower_instances = 0;
   double slower_factor = 1;
+  // Which group `slower_instances` counts from the end of: "" (all
+  // instances), "prefill" or "decode" (with prefill_instances).
+  std::string slower_role;
+  // Prefill/decode disaggregation, as `strata router` over `strata serve
+  // --role prefill|decode` instances: the first `prefill_instances` only
+  // prefill (a request's prompt and first token), the others only decode.
+  // 0: every instance does both (colocated). The decode instance reserves
+  // the prompt's blocks, the prefill instance computes them, and they reach
+  // the decode instance after transfer_latency_s plus their bytes at
+  // transfer_bytes_per_s (0 = instant), less the blocks it already holds.
+  int prefill_instances = 0;
+  double transfer_bytes_per_s = 0;
+  double transfer_latency_s = 0;
+  bool disaggregated() const { return prefill_instances > 0; }
+  // "prefill", "decode" or "both" for instance `i`.
+  std::string_view RoleName(int i) const;
   // The cost model of instance `i` (0-based).
   CostModel InstanceCost(int i) const;
 };
@@ -120,6 +137,11 @@ Result<uint64_t> KvBytesPerToken(const std::string& model, const std::string& dt
 //   slower:                          # optional: the last N instances are F times slower per step
 //     instances: 1
 //     factor: 2
+//     role: prefill                  # ... the last N of the prefill (or decode) instances
+//   roles:                           # optional: prefill/decode disaggregation
+//     prefill: 2                     # the first 2 instances prefill, the others decode
+//     transfer_bytes_per_s: 25G      # the KV handoff's network (0 = instant)
+//     transfer_latency_us: 20
 //   instance:
 //     profile: h200-llama-8b         # starting values; the keys below override
 //     model: llama-8b                # sets kv_bytes_per_token (with kv_dtype)

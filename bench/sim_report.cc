@@ -49,6 +49,8 @@ nlohmann::json Figures(const SimResult& r) {
   j["steps"] = r.steps;
   j["busy_s"] = r.busy_s;
   j["preemptions"] = r.preemptions;
+  j["handoff_blocks"] = r.handoff_blocks;
+  j["decode_waits"] = r.decode_waits;
   nlohmann::json tiers = nlohmann::json::array();
   for (const SimTier& t : r.tiers) {
     tiers.push_back({{"name", t.name},
@@ -92,6 +94,10 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
   j["cluster"] = {{"instances", o.cluster.instances},
                   {"slower_instances", o.cluster.slower_instances},
                   {"slower_factor", o.cluster.slower_factor},
+                  {"slower_role", o.cluster.slower_role},
+                  {"prefill_instances", o.cluster.prefill_instances},
+                  {"transfer_bytes_per_s", o.cluster.transfer_bytes_per_s},
+                  {"transfer_latency_s", o.cluster.transfer_latency_s},
                   {"routing", std::string(scheduler::RoutingPolicyName(o.cluster.routing))},
                   {"profile", ic.profile},
                   {"model", ic.model},
@@ -118,7 +124,14 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
   for (const SimRequestRecord& rec : r.records) {
     if (rec.instance >= 0 && static_cast<size_t>(rec.instance) < by_instance.size()) ++by_instance[static_cast<size_t>(rec.instance)];
   }
-  j["requests_by_instance"] = by_instance;
+  j["requests_by_instance"] = by_instance;  // where each was prefilled (colocated: run)
+  if (o.cluster.disaggregated()) {
+    std::vector<int64_t> decoded(static_cast<size_t>(o.cluster.instances), 0);
+    for (const SimRequestRecord& rec : r.records)
+      if (rec.decode_instance >= 0 && static_cast<size_t>(rec.decode_instance) < decoded.size())
+        ++decoded[static_cast<size_t>(rec.decode_instance)];
+    j["decodes_by_instance"] = decoded;
+  }
   if (!sweep.empty()) {
     nlohmann::json curve = nlohmann::json::array();
     for (const auto& [bytes, pr] : sweep) {
@@ -133,6 +146,7 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
     nlohmann::json recs = nlohmann::json::array();
     for (const SimRequestRecord& rec : r.records) {
       recs.push_back({{"instance", rec.instance},
+                      {"decode_instance", rec.decode_instance},
                       {"arrival_s", rec.arrival_s},
                       {"first_token_s", rec.first_token_s},
                       {"finish_s", rec.finish_s},
@@ -158,6 +172,9 @@ std::string SimReportText(const SimOptions& o, const SimResult& r, const std::st
        (o.cluster.slower_instances > 0
             ? " (" + std::to_string(o.cluster.slower_instances) + " of them " + Fmt("%g", o.cluster.slower_factor) + "x slower)"
             : "") +
+       (o.cluster.disaggregated() ? " (" + std::to_string(o.cluster.prefill_instances) + " prefill, " +
+                                        std::to_string(o.cluster.instances - o.cluster.prefill_instances) + " decode)"
+                                  : "") +
        ", routing " +
        (std::string(scheduler::RoutingPolicyName(o.cluster.routing))) + ", device " +
        (o.unlimited_cache ? std::string("unlimited") : Gib(ic.device_bytes)) + ", host " + Gib(ic.host_bytes) +

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <deque>
+#include <map>
 #include <memory>
 #include <set>
 #include <utility>
@@ -51,8 +53,14 @@ class SimRunner final : public scheduler::StepRunner {
   double seconds_ = 0;
 };
 
+// Which part of a request an engine runs: all of it (colocated), or, when
+// disaggregated, the prefill (prompt and first token) or the decode
+// continuation.
+enum class Phase { kWhole, kPrefill, kDecode };
+
 struct Event {
   size_t req;
+  Phase phase;
   bool finished;
   bool ok;
   int32_t completion_tokens;
@@ -62,13 +70,19 @@ struct Event {
 };
 
 struct Instance {
+  Phase role = Phase::kWhole;  // kWhole: both phases
+  CostModel cost;
   std::vector<std::unique_ptr<kvcache::BlockStore>> stores;  // SimStores, chain order
   std::unique_ptr<kvcache::KvManager> kv;
   std::unique_ptr<SimRunner> runner;
   std::unique_ptr<scheduler::Engine> engine;
   int64_t free_at = 0;
   int64_t wake = kNever;
-  int unfinished = 0;
+  int unfinished = 0;  // submitted to its engine, not finished
+  int reserved = 0;    // decode: reservations whose continuation is not submitted yet
+  // decode: blocks the reserved requests will need beyond their
+  // reservations (their outputs), until their continuations start
+  int64_t promised_blocks = 0;
   int zero_steps = 0;  // consecutive steps that did work without a forward pass
   std::vector<Event> events;
 
@@ -87,6 +101,15 @@ struct Pending {
   bool whole_prompt_cached = false;  // at release (only asked when ideally possible)
   bool got_first = false;
   std::vector<int32_t> id_ends;      // cumulative token end of each hash id
+  // Disaggregated: the decode instance holding the prompt's reservation,
+  // the blocks the prefill instance sends it, and the prompt, kept from
+  // the prefill's submission to the continuation's.
+  int decode = -1;
+  int32_t handoff_blocks = 0;
+  int32_t promised_blocks = 0;  // counted in the decode instance's promised_blocks
+  bool waited_for_decode = false;
+  bool reservation_held = false;
+  std::vector<int32_t> prompt;
 };
 
 int64_t FloorTo(int64_t v, int64_t m) { return v / m * m; }
@@ -204,6 +227,9 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   for (size_t ii = 0; ii < inst.size(); ++ii) {
     Instance& in = inst[ii];
     const CostModel cost = o.cluster.InstanceCost(static_cast<int>(ii));
+    in.cost = cost;
+    if (o.cluster.disaggregated())
+      in.role = static_cast<int>(ii) < o.cluster.prefill_instances ? Phase::kPrefill : Phase::kDecode;
     kvcache::KvManagerOptions ko;
     ko.block_size = bs;
     ko.num_device_blocks = static_cast<int32_t>(device_blocks);
@@ -322,83 +348,274 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   }
   scheduler::Router router(o.cluster.routing);
   std::vector<scheduler::RouteCandidate> candidates;
+  // The instances a prompt may be prefilled at (all, or the prefill ones)
+  // and those that decode (disaggregated only).
+  std::vector<size_t> prefill_ids, decode_ids;
+  for (size_t j = 0; j < inst.size(); ++j) (inst[j].role == Phase::kDecode ? decode_ids : prefill_ids).push_back(j);
+  // Disaggregated: prefills done, their KV on its way, by arrival time at
+  // the decode instance; requests waiting for room at a decode instance.
+  std::multimap<int64_t, size_t> transfers;
+  std::deque<size_t> decode_wait;
+  int64_t retry_at = kNever;  // when a decode instance freed room (decode_wait tries again then)
   auto advance_to = [&](int64_t t) {
     const int64_t now = clock.NowNanos();
     if (t > now) clock.Advance(t - now);
   };
 
-  auto release = [&](size_t i) -> Status {
-    const TraceRequest& r = head[i];
-    Pending& p = pend[i];
-    SimRequestRecord& rec = res.records[i];
-    rec.arrival_s = static_cast<double>(clock.NowNanos()) * 1e-9;
-    ScaledRequest sr = ScaleRequest(r, o.tokens_per_hash_id, o.vocab_size, o.first_id);
-    candidates.assign(inst.size(), scheduler::RouteCandidate{});
-    for (size_t j = 0; j < inst.size(); ++j) candidates[j].unfinished = inst[j].unfinished;
-    if (router.needs_cached_tokens() && inst.size() > 1) {
+  // The router's view of instances `ids` for this prompt: the index in
+  // `ids` it picks for the prefill.
+  auto pick_prefill = [&](std::vector<int32_t>& prompt, const Pending& p, const std::vector<size_t>& ids) -> size_t {
+    candidates.assign(ids.size(), scheduler::RouteCandidate{});
+    for (size_t k = 0; k < ids.size(); ++k) candidates[k].unfinished = inst[ids[k]].unfinished;
+    if (router.needs_cached_tokens() && ids.size() > 1) {
       // Match caps at prompt - 1 tokens; one token more lets the whole
       // prompt count, so a repeated prompt goes where all of it is.
-      sr.prompt.push_back(o.first_id);
-      for (size_t j = 0; j < inst.size(); ++j) {
-        inst[j].kv->Poll();
-        scheduler::RouteCandidate& c = candidates[j];
-        const kvcache::PrefixMatch m = inst[j].kv->Match(sr.prompt, "");
+      prompt.push_back(o.first_id);
+      for (size_t k = 0; k < ids.size(); ++k) {
+        Instance& in = inst[ids[k]];
+        in.kv->Poll();
+        scheduler::RouteCandidate& c = candidates[k];
+        const kvcache::PrefixMatch m = in.kv->Match(prompt, "");
         c.cached_tokens = std::min<int32_t>(m.total(), p.prompt_len);
         // ttft: what the instance would compute, what is queued there, its
         // rate and the time to fetch the cached part from its lower tiers.
         c.uncached_tokens = p.prompt_len - c.cached_tokens;
-        c.queue_tokens = inst[j].engine->Stats().pending_prefill_tokens;
-        c.prefill_tokens_per_s = inst[j].runner->prefill_tokens_per_s();
-        c.load_seconds = inst[j].kv->EstimateLoadSeconds(m);
+        c.queue_tokens = in.engine->Stats().pending_prefill_tokens;
+        c.prefill_tokens_per_s = in.runner->prefill_tokens_per_s();
+        c.load_seconds = in.kv->EstimateLoadSeconds(m);
         // The engine ran its current step at once in virtual time, so its
         // queue no longer holds that step's tokens: the step's remaining
         // time is work still owed (a negative "done").
-        c.queue_done_seconds = -static_cast<double>(std::max<int64_t>(0, inst[j].free_at - clock.NowNanos())) * 1e-9;
+        c.queue_done_seconds = -static_cast<double>(std::max<int64_t>(0, in.free_at - clock.NowNanos())) * 1e-9;
       }
-      sr.prompt.pop_back();
+      prompt.pop_back();
     }
-    const size_t target = router.Pick(candidates);
-    Instance& in = inst[target];
-    rec.instance = static_cast<int>(target);
-    if (ideal[i] == r.hash_ids.size()) {
-      // The engine never serves the last prompt block from cache; ask whether
-      // it is there with one token more (Match is a pure query).
-      sr.prompt.push_back(o.first_id);
-      in.kv->Poll();  // writes that finished by now are visible, as at the next step
-      p.whole_prompt_cached = in.kv->Match(sr.prompt, "").total() >= FloorTo(p.prompt_len, bs);
-      sr.prompt.pop_back();
+    return router.Pick(candidates);
+  };
+
+  // The request is over (finished, failed or refused): the serial and
+  // closed-loop releases move on.
+  auto request_over = [&](int64_t at) {
+    if (o.serial) {
+      serial_busy = false;
+      serial_free_at = at;
     }
-    scheduler::EngineRequest er;
-    er.prompt = std::move(sr.prompt);
-    er.max_tokens = sr.output_length;
-    er.sampling.temperature = 0;
-    er.ignore_eos = true;
-    auto sink = [&in, i](scheduler::RequestOutput&& out) {
+    if (o.concurrency > 0) slots.insert(at);
+  };
+  auto reject = [&](size_t i) {
+    res.records[i].finish_reason = "rejected";
+    ++res.rejected;
+    if (o.concurrency > 0) slots.insert(clock.NowNanos());  // the user moves on at once
+    else if (o.serial) request_over(clock.NowNanos());
+  };
+
+  // Submits `er` to instance `k` for request i's `phase`. False: refused
+  // (queue full); errors other than that are the simulation's.
+  auto submit = [&](size_t k, size_t i, Phase phase, scheduler::EngineRequest er) -> Result<bool> {
+    Instance& in = inst[k];
+    auto sink = [&in, i, phase](scheduler::RequestOutput&& out) {
       if (!out.finished && out.completion_tokens != static_cast<int32_t>(out.token_ids.size())) return;
-      in.events.push_back(Event{i, out.finished, out.status.ok(), out.completion_tokens, out.cached_tokens,
+      in.events.push_back(Event{i, phase, out.finished, out.status.ok(), out.completion_tokens, out.cached_tokens,
                                 std::move(out.cached_tokens_by_tier), std::string(FinishReasonName(out.finish_reason))});
     };
     auto id = in.engine->Submit(std::move(er), std::move(sink));
     if (!id.ok()) {
-      if (id.error().code() == StatusCode::kResourceExhausted) {
-        rec.finish_reason = "rejected";
-        ++res.rejected;
-        if (o.concurrency > 0) slots.insert(clock.NowNanos());  // the user moves on at once
-        return Status::Ok();
-      }
+      if (id.error().code() == StatusCode::kResourceExhausted) return false;
       return id.error().WithContext("simulate: request " + std::to_string(i));
     }
     ++in.unfinished;
-    if (o.serial) serial_busy = true;
     in.wake = std::min(in.wake, std::max(clock.NowNanos(), in.free_at));
+    return true;
+  };
+
+  // Submits request i's prompt (max_tokens tokens) to instance `target`.
+  auto submit_prompt = [&](size_t i, size_t target, std::vector<int32_t> prompt, int max_tokens,
+                           Phase phase) -> Result<bool> {
+    const TraceRequest& r = head[i];
+    Pending& p = pend[i];
+    Instance& in = inst[target];
+    res.records[i].instance = static_cast<int>(target);
+    if (ideal[i] == r.hash_ids.size()) {
+      // The engine never serves the last prompt block from cache; ask whether
+      // it is there with one token more (Match is a pure query).
+      prompt.push_back(o.first_id);
+      in.kv->Poll();  // writes that finished by now are visible, as at the next step
+      p.whole_prompt_cached = in.kv->Match(prompt, "").total() >= FloorTo(p.prompt_len, bs);
+      prompt.pop_back();
+    }
+    scheduler::EngineRequest er;
+    er.prompt = std::move(prompt);
+    er.max_tokens = max_tokens;
+    er.sampling.temperature = 0;
+    er.ignore_eos = true;
+    return submit(target, i, phase, std::move(er));
+  };
+
+  // Request i's reservation at its decode instance is released.
+  auto release_reservation = [&](size_t i) {
+    Pending& p = pend[i];
+    Instance& d = inst[static_cast<size_t>(p.decode)];
+    if (!p.reservation_held) return;
+    d.kv->ReleaseReservation(i + 1);
+    p.reservation_held = false;
+    d.promised_blocks -= std::exchange(p.promised_blocks, 0);
+  };
+
+  // Disaggregated: reserves the prompt's blocks at a decode instance (the
+  // router's PickDecode first, then the others in turn) and submits the
+  // prefill; with no room at any decode instance, the request waits for a
+  // decode to finish, as the live router's handoff does.
+  auto dispatch_pd = [&](size_t i) -> Status {
+    Pending& p = pend[i];
+    ScaledRequest sr = ScaleRequest(head[i], o.tokens_per_hash_id, o.vocab_size, o.first_id);
+    std::vector<scheduler::RouteCandidate> dc(decode_ids.size());
+    for (size_t k = 0; k < decode_ids.size(); ++k) {
+      Instance& d = inst[decode_ids[k]];
+      d.kv->Poll();
+      dc[k].unfinished = d.unfinished + d.reserved;
+      dc[k].cached_tokens = d.kv->Match(sr.prompt, "").device_tokens;
+      dc[k].free_kv_tokens = static_cast<int64_t>(d.kv->device_pool().num_allocatable()) * bs;
+      dc[k].tpot_seconds = d.cost.DecodeStepSeconds(d.unfinished + 1, p.prompt_len);
+    }
+    const int64_t need_tokens = static_cast<int64_t>(p.prompt_len) + p.output_len;
+    const size_t first = router.PickDecode(dc, need_tokens);
+    // An instance has room when its pool can hold this request's prompt and
+    // output besides what the requests reserved before it will need: a
+    // reservation whose continuation could never get its output blocks
+    // would hold its blocks forever.
+    const int64_t need_blocks = (need_tokens + bs - 1) / bs;
+    kvcache::KvManager::Reservation rv;
+    int chosen = -1;
+    for (size_t t = 0; t < decode_ids.size() && chosen < 0; ++t) {
+      const size_t k = decode_ids[(first + t) % decode_ids.size()];
+      if (inst[k].kv->device_pool().num_allocatable() - inst[k].promised_blocks < need_blocks) continue;
+      auto got = inst[k].kv->Reserve(i + 1, sr.prompt, "", kNever, &rv);
+      if (!got.ok()) return got.error().WithContext("simulate: request " + std::to_string(i) + ": reserve");
+      if (*got == kvcache::AllocOutcome::kAllocated) chosen = static_cast<int>(k);
+    }
+    if (chosen < 0) {
+      if (!p.waited_for_decode) ++res.decode_waits;
+      p.waited_for_decode = true;
+      decode_wait.push_back(i);
+      return Status::Ok();
+    }
+    Instance& d = inst[static_cast<size_t>(chosen)];
+    p.decode = chosen;
+    p.reservation_held = true;
+    p.handoff_blocks = static_cast<int32_t>(rv.blocks.size()) - rv.held_blocks;
+    res.records[i].decode_instance = chosen;
+    ++d.reserved;
+    p.promised_blocks = static_cast<int32_t>(std::max<int64_t>(0, need_blocks - static_cast<int64_t>(rv.blocks.size())));
+    d.promised_blocks += p.promised_blocks;
+    p.prompt = sr.prompt;
+    const size_t target = prefill_ids[pick_prefill(sr.prompt, p, prefill_ids)];
+    STRATA_ASSIGN_OR_RETURN(bool ok, submit_prompt(i, target, std::move(sr.prompt), 1, Phase::kPrefill));
+    if (!ok) {
+      release_reservation(i);
+      --d.reserved;
+      p.prompt.clear();
+      reject(i);
+      return Status::Ok();
+    }
+    if (o.serial) serial_busy = true;
+    return Status::Ok();
+  };
+  // Room may have come free at a decode instance: the waiting requests try again, in order.
+  auto retry_decode_wait = [&]() -> Status {
+    std::deque<size_t> waiting;
+    waiting.swap(decode_wait);
+    for (size_t i : waiting) STRATA_RETURN_IF_ERROR(dispatch_pd(i));
     return Status::Ok();
   };
 
-  auto handle_events = [&](Instance& in, int64_t at) {
+  auto release = [&](size_t i) -> Status {
+    Pending& p = pend[i];
+    res.records[i].arrival_s = static_cast<double>(clock.NowNanos()) * 1e-9;
+    if (o.cluster.disaggregated()) {
+      if (o.serial) serial_busy = true;  // until it is over, even while it waits for a decode instance
+      return dispatch_pd(i);
+    }
+    ScaledRequest sr = ScaleRequest(head[i], o.tokens_per_hash_id, o.vocab_size, o.first_id);
+    const size_t target = prefill_ids[pick_prefill(sr.prompt, p, prefill_ids)];
+    STRATA_ASSIGN_OR_RETURN(bool ok, submit_prompt(i, target, std::move(sr.prompt), sr.output_length, Phase::kWhole));
+    if (!ok) {
+      reject(i);
+      return Status::Ok();
+    }
+    if (o.serial) serial_busy = true;
+    return Status::Ok();
+  };
+
+  // Request i's prefill is done at `at`: its KV goes to the decode
+  // instance, or, with nothing left to decode, it is over.
+  auto prefill_done = [&](size_t i, const Event& ev, int64_t at) -> Status {
+    Pending& p = pend[i];
+    Instance& d = inst[static_cast<size_t>(p.decode)];
+    if (ev.ok && ev.completion_tokens >= 1 && p.output_len > 1) {
+      const double bytes = static_cast<double>(p.handoff_blocks) * static_cast<double>(block_bytes);
+      const double sec = o.cluster.transfer_latency_s +
+                         (o.cluster.transfer_bytes_per_s > 0 ? bytes / o.cluster.transfer_bytes_per_s : 0.0);
+      res.handoff_blocks += static_cast<uint64_t>(p.handoff_blocks);
+      transfers.emplace(at + static_cast<int64_t>(std::llround(sec * 1e9)), i);
+      return Status::Ok();
+    }
+    release_reservation(i);
+    --d.reserved;
+    p.prompt.clear();
+    SimRequestRecord& rec = res.records[i];
+    rec.finish_s = static_cast<double>(at) * 1e-9;
+    rec.output_tokens = ev.completion_tokens;
+    rec.finish_reason = ev.ok ? ev.reason : "error";
+    request_over(at);
+    retry_at = std::min(retry_at, at);
+    return Status::Ok();
+  };
+
+  // The KV of request i reached its decode instance: the continuation
+  // (the prompt and the first token) runs there on the reserved blocks.
+  auto start_decode = [&](size_t i) -> Status {
+    Pending& p = pend[i];
+    Instance& d = inst[static_cast<size_t>(p.decode)];
+    STRATA_RETURN_IF_ERROR(d.kv->CompleteReservation(i + 1, p.handoff_blocks));
+    --d.reserved;
+    std::vector<int32_t> prompt = std::move(p.prompt);
+    p.prompt = {};
+    prompt.push_back(0);  // the first token (zero logits: greedy picks 0)
+    scheduler::EngineRequest er;
+    er.prompt = std::move(prompt);
+    er.max_tokens = p.output_len - 1;
+    er.sampling.temperature = 0;
+    er.ignore_eos = true;
+    STRATA_ASSIGN_OR_RETURN(bool ok, submit(static_cast<size_t>(p.decode), i, Phase::kDecode, std::move(er)));
+    if (!ok) {
+      release_reservation(i);
+      reject(i);
+      retry_at = std::min(retry_at, clock.NowNanos());
+    }
+    return Status::Ok();
+  };
+
+  auto handle_events = [&](Instance& in, int64_t at) -> Status {
     const double t = static_cast<double>(at) * 1e-9;
-    for (Event& ev : in.events) {
+    std::vector<Event> events;
+    events.swap(in.events);
+    for (Event& ev : events) {
       SimRequestRecord& rec = res.records[ev.req];
       Pending& p = pend[ev.req];
+      if (ev.phase == Phase::kDecode) {
+        // Its first event comes after its admission: the continuation holds
+        // its own references now, the reservation's can go.
+        release_reservation(ev.req);
+        if (ev.finished) {
+          rec.finish_s = t;
+          rec.output_tokens = 1 + ev.completion_tokens;
+          rec.finish_reason = ev.ok ? ev.reason : "error";
+          --in.unfinished;
+          request_over(at);
+          retry_at = std::min(retry_at, at);
+        }
+        continue;
+      }
       if (!p.got_first && ev.completion_tokens > 0) {
         p.got_first = true;
         rec.first_token_s = t;
@@ -406,23 +623,22 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
         rec.cached_tokens_by_tier = ev.by_tier;
         rec.served_ids = served_ids(ev.req, ev.cached_tokens);
       }
-      if (ev.finished) {
-        rec.finish_s = t;
-        rec.output_tokens = ev.completion_tokens;
-        rec.finish_reason = ev.ok ? ev.reason : "error";
-        if (!p.got_first) {  // finished without a token (error, abort)
-          rec.cached_tokens = ev.cached_tokens;
-          rec.cached_tokens_by_tier = ev.by_tier;
-        }
-        --in.unfinished;
-        if (o.serial) {
-          serial_busy = false;
-          serial_free_at = at;
-        }
-        if (o.concurrency > 0) slots.insert(at);
+      if (!ev.finished) continue;
+      --in.unfinished;
+      if (!p.got_first) {  // finished without a token (error, abort)
+        rec.cached_tokens = ev.cached_tokens;
+        rec.cached_tokens_by_tier = ev.by_tier;
       }
+      if (ev.phase == Phase::kPrefill) {
+        STRATA_RETURN_IF_ERROR(prefill_done(ev.req, ev, at));
+        continue;
+      }
+      rec.finish_s = t;
+      rec.output_tokens = ev.completion_tokens;
+      rec.finish_reason = ev.ok ? ev.reason : "error";
+      request_over(at);
     }
-    in.events.clear();
+    return Status::Ok();
   };
 
   while (true) {
@@ -438,7 +654,23 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     for (size_t k = 1; k < inst.size(); ++k)
       if (inst[k].wake < inst[j].wake) j = k;
     const int64_t t_inst = inst[j].wake;
-    if (t_arr == kNever && t_inst == kNever) break;
+    const int64_t t_xfer = transfers.empty() ? kNever : transfers.begin()->first;
+    const int64_t t_retry = decode_wait.empty() ? kNever : std::max(retry_at, clock.NowNanos());
+    if (t_arr == kNever && t_inst == kNever && t_xfer == kNever && t_retry == kNever) break;
+    // At equal times: KV arrivals, then room freed, then new requests, then steps.
+    if (t_xfer <= std::min({t_retry, t_arr, t_inst})) {
+      advance_to(t_xfer);
+      const size_t i = transfers.begin()->second;
+      transfers.erase(transfers.begin());
+      STRATA_RETURN_IF_ERROR(start_decode(i));
+      continue;
+    }
+    if (t_retry <= std::min(t_arr, t_inst)) {
+      advance_to(t_retry);
+      retry_at = kNever;
+      STRATA_RETURN_IF_ERROR(retry_decode_wait());
+      continue;
+    }
     if (t_arr <= t_inst) {
       advance_to(t_arr);
       if (o.concurrency > 0) slots.erase(slots.begin());
@@ -453,7 +685,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     const double sec = in.runner->TakeSeconds();
     res.busy_s += sec;
     const int64_t end = now + static_cast<int64_t>(std::llround(sec * 1e9));
-    handle_events(in, end);
+    STRATA_RETURN_IF_ERROR(handle_events(in, end));
     in.free_at = end;
     if (in.unfinished == 0) {
       in.wake = kNever;
@@ -474,6 +706,16 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
       }
       in.wake = std::max(c, now + 1);
     }
+  }
+
+  for (size_t k = 0; k < inst.size(); ++k) {
+    if (inst[k].kv->num_reservations() != 0 || inst[k].promised_blocks != 0)
+      return Status::Internal("simulate: instance " + std::to_string(k) + " ends with " +
+                              std::to_string(inst[k].kv->num_reservations()) + " reservations held");
+  }
+  if (!decode_wait.empty()) {
+    return Status::Internal("simulate: " + std::to_string(decode_wait.size()) +
+                            " requests still wait for room at a decode instance at the end");
   }
 
   // Figures.

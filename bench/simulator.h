@@ -15,7 +15,19 @@
 // next step: the clock is set to its free time, Step() runs, and the instance
 // is busy until that time + the step's cost, when the step's tokens count as
 // produced. An instance waiting only on tier loads wakes at the load's
-// completion. --serial releases a request only when the previous finished
+// completion.
+//
+// Disaggregated clusters (ClusterConfig::prefill_instances), as `strata
+// router` runs them live: at release the router picks the decode instance
+// (Router::PickDecode), which reserves the prompt's blocks
+// (KvManager::Reserve; with no room at any decode instance the request waits
+// until a decode finishes), then the prefill instance (Router::Pick over the
+// prefill instances), which runs the prompt with max_tokens 1: its first
+// token is the request's first token. The blocks the decode instance lacks
+// arrive there after the cluster's transfer latency plus their bytes at its
+// transfer rate; the continuation (prompt + first token, the other output
+// tokens) then runs on the decode instance over the reserved blocks, which
+// are released at its first event, as live. --serial releases a request only when the previous finished
 // (at max(its timestamp, that finish)). --concurrency N releases the next
 // request whenever one of N slots is free (at the finish that freed it).
 //
@@ -67,7 +79,8 @@ struct SimOptions {
 };
 
 struct SimRequestRecord {
-  int instance = -1;
+  int instance = -1;         // where it was prefilled (colocated: where it ran)
+  int decode_instance = -1;  // disaggregated: where it was decoded
   double arrival_s = 0, first_token_s = -1, finish_s = -1;
   int32_t prompt_tokens = 0, output_tokens = 0, cached_tokens = 0;
   std::vector<int32_t> cached_tokens_by_tier;  // device, then lower tiers
@@ -118,6 +131,11 @@ struct SimResult {
   int64_t goodput_requests = 0;
   double goodput_rps = 0;  // requests meeting the SLOs / duration (all finished when none set)
   uint64_t steps = 0, preemptions = 0;
+  // Disaggregated: KV blocks sent from prefill to decode instances (the
+  // blocks a decode instance already held are not sent).
+  uint64_t handoff_blocks = 0;
+  // Disaggregated: requests that waited for room at a decode instance.
+  uint64_t decode_waits = 0;
   double busy_s = 0;  // sum of every step's cost over all instances (live: strata_engine_forward_seconds_total)
   std::vector<SimTier> tiers;  // device, host, disk (those configured), summed over instances
   double wall_seconds = 0;     // real time the simulation took

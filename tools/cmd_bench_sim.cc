@@ -46,6 +46,7 @@ struct SimFlags {
   std::string eviction_policy, host_eviction_policy;  // overrides; empty = keep
   // Overrides of the cluster file / profile; empty or 0 = keep.
   int instances = 0;
+  int prefill_instances = -1;  // -1: the cluster file's
   std::string routing, device_bytes, host_bytes, disk_bytes;
   std::string slo;
   bool json = false;
@@ -127,6 +128,12 @@ int RunSimulate(const SimFlags& f) {
     o.cluster.instance = *ic;
   }
   if (f.instances > 0) o.cluster.instances = f.instances;
+  if (f.prefill_instances >= 0) o.cluster.prefill_instances = f.prefill_instances;
+  if (o.cluster.prefill_instances >= o.cluster.instances) {
+    return fail(Status::InvalidArgument("--prefill-instances: " + std::to_string(o.cluster.prefill_instances) +
+                                        " prefill instances leave no decode instance of " +
+                                        std::to_string(o.cluster.instances)));
+  }
   if (!f.routing.empty()) {
     o.cluster.routing = scheduler::RoutingPolicyFromName(f.routing).value();  // IsMember checked the name
   }
@@ -310,6 +317,10 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
   sim->add_option("--profile", f->profile, "instance profile without a cluster file: cpu-bench-110m | h200-llama-8b")
       ->excludes("--cluster");
   sim->add_option("--instances", f->instances, "override the cluster's instance count")->check(CLI::Range(1, 4096));
+  sim->add_option("--prefill-instances", f->prefill_instances,
+                  "disaggregate: the first N instances prefill, the others decode (0 = colocated; "
+                  "overrides the cluster's roles.prefill)")
+      ->check(CLI::Range(0, 4095));
   sim->add_option("--routing", f->routing, "override the cluster's routing")
       ->check(CLI::IsMember({std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kRoundRobin)),
                              std::string(scheduler::RoutingPolicyName(scheduler::RoutingPolicy::kLongestPrefix)),
