@@ -51,6 +51,7 @@ nlohmann::json Figures(const SimResult& r) {
   j["preemptions"] = r.preemptions;
   j["handoff_blocks"] = r.handoff_blocks;
   j["decode_waits"] = r.decode_waits;
+  j["reservations_expired"] = r.reservations_expired;
   nlohmann::json tiers = nlohmann::json::array();
   for (const SimTier& t : r.tiers) {
     tiers.push_back({{"name", t.name},

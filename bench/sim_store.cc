@@ -206,4 +206,10 @@ Status SimStore::Flush(const Sha256Digest* /*ns*/) {
 
 int64_t SimStore::next_completion_nanos() const { return pending_.empty() ? INT64_MAX : pending_.top().done_nanos; }
 
+int64_t SimStore::last_completion_nanos() const {
+  if (pending_.empty()) return INT64_MAX;
+  const int64_t latency = static_cast<int64_t>(std::llround(options_.latency_s * 1e9));
+  return std::max({clock_->NowNanos(), write_free_nanos_, read_free_nanos_ + latency});
+}
+
 }  // namespace strata::bench

@@ -89,6 +89,9 @@ class SimStore final : public kvcache::BlockStore {
 
   // Clock time of the earliest pending completion; INT64_MAX when none.
   int64_t next_completion_nanos() const;
+  // Clock time by which every pending operation has completed (its
+  // channels are free again); INT64_MAX when none is pending.
+  int64_t last_completion_nanos() const;
   uint64_t max_blocks() const { return max_blocks_; }
 
  private:

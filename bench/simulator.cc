@@ -91,6 +91,15 @@ struct Instance {
     for (const auto& s : stores) t = std::min(t, static_cast<const SimStore&>(*s).next_completion_nanos());
     return t;
   }
+  // When every operation its stores have pending is done (kNever: none).
+  int64_t StoresIdle() const {
+    int64_t t = -1;
+    for (const auto& s : stores) {
+      const int64_t last = static_cast<const SimStore&>(*s).last_completion_nanos();
+      if (last != kNever) t = std::max(t, last);
+    }
+    return t < 0 ? kNever : t;
+  }
 };
 
 struct Pending {
@@ -107,8 +116,8 @@ struct Pending {
   int decode = -1;
   int32_t handoff_blocks = 0;
   int32_t promised_blocks = 0;  // counted in the decode instance's promised_blocks
-  bool waited_for_decode = false;
   bool reservation_held = false;
+  bool continuing = false;  // the continuation was submitted to the decode instance
   std::vector<int32_t> prompt;
 };
 
@@ -465,15 +474,17 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
   // router's PickDecode first, then the others in turn) and submits the
   // prefill; with no room at any decode instance, the request waits for a
   // decode to finish, as the live router's handoff does.
-  auto dispatch_pd = [&](size_t i) -> Status {
+  // Returns whether the request got a reservation (else it waits).
+  auto dispatch_pd = [&](size_t i) -> Result<bool> {
     Pending& p = pend[i];
-    ScaledRequest sr = ScaleRequest(head[i], o.tokens_per_hash_id, o.vocab_size, o.first_id);
+    if (p.prompt.empty()) p.prompt = ScaleRequest(head[i], o.tokens_per_hash_id, o.vocab_size, o.first_id).prompt;
+    std::vector<int32_t>& prompt = p.prompt;  // kept while it waits
     std::vector<scheduler::RouteCandidate> dc(decode_ids.size());
     for (size_t k = 0; k < decode_ids.size(); ++k) {
       Instance& d = inst[decode_ids[k]];
       d.kv->Poll();
       dc[k].unfinished = d.unfinished + d.reserved;
-      dc[k].cached_tokens = d.kv->Match(sr.prompt, "").device_tokens;
+      dc[k].cached_tokens = d.kv->Match(prompt, "").device_tokens;
       dc[k].free_kv_tokens = static_cast<int64_t>(d.kv->device_pool().num_allocatable()) * bs;
       dc[k].tpot_seconds = d.cost.DecodeStepSeconds(d.unfinished + 1, p.prompt_len);
     }
@@ -489,15 +500,12 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     for (size_t t = 0; t < decode_ids.size() && chosen < 0; ++t) {
       const size_t k = decode_ids[(first + t) % decode_ids.size()];
       if (inst[k].kv->device_pool().num_allocatable() - inst[k].promised_blocks < need_blocks) continue;
-      auto got = inst[k].kv->Reserve(i + 1, sr.prompt, "", kNever, &rv);
+      auto got = inst[k].kv->Reserve(i + 1, prompt, "", kNever, &rv);
       if (!got.ok()) return got.error().WithContext("simulate: request " + std::to_string(i) + ": reserve");
       if (*got == kvcache::AllocOutcome::kAllocated) chosen = static_cast<int>(k);
     }
     if (chosen < 0) {
-      if (!p.waited_for_decode) ++res.decode_waits;
-      p.waited_for_decode = true;
-      decode_wait.push_back(i);
-      return Status::Ok();
+      return false;
     }
     Instance& d = inst[static_cast<size_t>(chosen)];
     p.decode = chosen;
@@ -507,24 +515,31 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     ++d.reserved;
     p.promised_blocks = static_cast<int32_t>(std::max<int64_t>(0, need_blocks - static_cast<int64_t>(rv.blocks.size())));
     d.promised_blocks += p.promised_blocks;
-    p.prompt = sr.prompt;
-    const size_t target = prefill_ids[pick_prefill(sr.prompt, p, prefill_ids)];
-    STRATA_ASSIGN_OR_RETURN(bool ok, submit_prompt(i, target, std::move(sr.prompt), 1, Phase::kPrefill));
+    const size_t target = prefill_ids[pick_prefill(prompt, p, prefill_ids)];
+    STRATA_ASSIGN_OR_RETURN(bool ok, submit_prompt(i, target, prompt, 1, Phase::kPrefill));
     if (!ok) {
       release_reservation(i);
       --d.reserved;
       p.prompt.clear();
       reject(i);
-      return Status::Ok();
     }
-    if (o.serial) serial_busy = true;
-    return Status::Ok();
+    return true;
   };
-  // Room may have come free at a decode instance: the waiting requests try again, in order.
+  // Room may have come free at a decode instance: the waiting requests try
+  // again in arrival order, up to the first that still finds none (first
+  // come, first served: a large request is not passed over for ever).
   auto retry_decode_wait = [&]() -> Status {
-    std::deque<size_t> waiting;
-    waiting.swap(decode_wait);
-    for (size_t i : waiting) STRATA_RETURN_IF_ERROR(dispatch_pd(i));
+    while (!decode_wait.empty()) {
+      STRATA_ASSIGN_OR_RETURN(bool got, dispatch_pd(decode_wait.front()));
+      if (!got) {
+        // Blocks also come free when a decode instance's tier writes
+        // complete (a write holds its block until then): look again when
+        // they have, if no decode finishes first.
+        for (size_t k : decode_ids) retry_at = std::min(retry_at, inst[k].StoresIdle());
+        break;
+      }
+      decode_wait.pop_front();
+    }
     return Status::Ok();
   };
 
@@ -533,7 +548,16 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     res.records[i].arrival_s = static_cast<double>(clock.NowNanos()) * 1e-9;
     if (o.cluster.disaggregated()) {
       if (o.serial) serial_busy = true;  // until it is over, even while it waits for a decode instance
-      return dispatch_pd(i);
+      // Behind others already waiting, it waits too (first come, first served).
+      bool got = false;
+      if (decode_wait.empty()) {
+        STRATA_ASSIGN_OR_RETURN(got, dispatch_pd(i));
+      }
+      if (!got) {
+        ++res.decode_waits;
+        decode_wait.push_back(i);
+      }
+      return Status::Ok();
     }
     ScaledRequest sr = ScaleRequest(head[i], o.tokens_per_hash_id, o.vocab_size, o.first_id);
     const size_t target = prefill_ids[pick_prefill(sr.prompt, p, prefill_ids)];
@@ -578,6 +602,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     Instance& d = inst[static_cast<size_t>(p.decode)];
     STRATA_RETURN_IF_ERROR(d.kv->CompleteReservation(i + 1, p.handoff_blocks));
     --d.reserved;
+    p.continuing = true;
     std::vector<int32_t> prompt = std::move(p.prompt);
     p.prompt = {};
     prompt.push_back(0);  // the first token (zero logits: greedy picks 0)
@@ -593,6 +618,23 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
       retry_at = std::min(retry_at, clock.NowNanos());
     }
     return Status::Ok();
+  };
+
+  // A decode instance whose queued continuations all wait for blocks that
+  // the reservations of other queued continuations hold would wait for
+  // ever (a preempted continuation that must recompute its prompt needs
+  // more than the free blocks): live, those reservations expire and their
+  // blocks stay only as cache. Returns whether any was released.
+  auto expire_reservations = [&](size_t j) -> bool {
+    size_t released = 0;
+    for (size_t i = 0; i < n; ++i) {
+      Pending& p = pend[i];
+      if (p.decode != static_cast<int>(j) || !p.reservation_held || !p.continuing) continue;
+      release_reservation(i);
+      ++released;
+    }
+    res.reservations_expired += released;
+    return released > 0;
   };
 
   auto handle_events = [&](Instance& in, int64_t at) -> Status {
@@ -699,6 +741,14 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
       in.zero_steps = 0;
       // Waiting on tier loads only.
       const int64_t c = in.NextStoreCompletion();
+      if (c == kNever && in.role == Phase::kDecode && expire_reservations(j)) {
+        in.wake = now + 1;
+        continue;
+      }
+      if (c == kNever && in.reserved > 0) {
+        in.wake = kNever;  // a handoff on its way wakes it (start_decode)
+        continue;
+      }
       if (c == kNever) {
         return Status::Internal("simulate: instance " + std::to_string(j) + " stalled with " +
                                 std::to_string(in.unfinished) + " unfinished requests at t=" +
@@ -714,8 +764,17 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
                               std::to_string(inst[k].kv->num_reservations()) + " reservations held");
   }
   if (!decode_wait.empty()) {
+    std::string state;
+    for (size_t k : decode_ids) {
+      state += "; instance " + std::to_string(k) + ": " +
+               std::to_string(inst[k].kv->device_pool().num_allocatable()) + " blocks free, " +
+               std::to_string(inst[k].promised_blocks) + " promised, " + std::to_string(inst[k].reserved) +
+               " reserved, " + std::to_string(inst[k].unfinished) + " unfinished";
+    }
+    const Pending& h = pend[decode_wait.front()];
     return Status::Internal("simulate: " + std::to_string(decode_wait.size()) +
-                            " requests still wait for room at a decode instance at the end");
+                            " requests still wait for room at a decode instance at the end (the first needs " +
+                            std::to_string((int64_t{h.prompt_len} + h.output_len + bs - 1) / bs) + " blocks" + state + ")");
   }
 
   // Figures.

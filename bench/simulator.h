@@ -136,6 +136,10 @@ struct SimResult {
   uint64_t handoff_blocks = 0;
   // Disaggregated: requests that waited for room at a decode instance.
   uint64_t decode_waits = 0;
+  // Disaggregated: reservations released before their continuation ran
+  // because every queued continuation of a decode instance waited for
+  // blocks the others' reservations held (as live reservations expire).
+  uint64_t reservations_expired = 0;
   double busy_s = 0;  // sum of every step's cost over all instances (live: strata_engine_forward_seconds_total)
   std::vector<SimTier> tiers;  // device, host, disk (those configured), summed over instances
   double wall_seconds = 0;     // real time the simulation took
