@@ -356,6 +356,8 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
     for (int k = 0; k < o.concurrency; ++k) slots.insert(start);
   }
   scheduler::Router router(o.cluster.routing);
+  // Disaggregated: the decode choice keeps its own turn, as strata router's.
+  scheduler::Router decode_router(o.cluster.routing);
   std::vector<scheduler::RouteCandidate> candidates;
   // The instances a prompt may be prefilled at (all, or the prefill ones)
   // and those that decode (disaggregated only).
@@ -489,7 +491,7 @@ Result<SimResult> Simulate(const std::vector<TraceRequest>& trace, const SimOpti
       dc[k].tpot_seconds = d.cost.DecodeStepSeconds(d.unfinished + 1, p.prompt_len);
     }
     const int64_t need_tokens = static_cast<int64_t>(p.prompt_len) + p.output_len;
-    const size_t first = router.PickDecode(dc, need_tokens);
+    const size_t first = decode_router.PickDecode(dc, need_tokens);
     // An instance has room when its pool can hold this request's prompt and
     // output besides what the requests reserved before it will need: a
     // reservation whose continuation could never get its output blocks
