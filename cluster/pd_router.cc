@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cstdio>
 #include <random>
+#include <system_error>
+#include <thread>
 #include <tuple>
 
 #include "cluster/pd_wire.h"
@@ -244,9 +246,26 @@ void PdRouter::LookUp(const Flight& f, Phase phase, const std::vector<PdInstance
   // What each candidate holds of the prompt, its queue and rates.
   const std::string q = LookupRequestToJson({f.request.prompt, f.request.cache_salt});
   const auto prompt = static_cast<int64_t>(f.request.prompt.size());
-  for (size_t i = 0; i < cands.size(); ++i) {
+  // All candidates at once: a slow or dead one (up to the 1 s timeout)
+  // delays the choice by its own time, not by the sum of all of them.
+  std::vector<Result<LookupReply>> replies(cands.size(), Result<LookupReply>(Status::Unavailable("not asked")));
+  auto ask = [&](size_t i) {
     auto r = HttpCall(cands[i].host, cands[i].port, "POST", "/internal/pd/lookup", q, options_.auth, 1.0);
-    auto a = r && r->status == 200 ? LookupReplyFromJson(r->body) : Result<LookupReply>(Status::Unavailable(Describe(r)));
+    replies[i] = r && r->status == 200 ? LookupReplyFromJson(r->body) : Result<LookupReply>(Status::Unavailable(Describe(r)));
+  };
+  std::vector<std::thread> askers;
+  askers.reserve(cands.size());
+  for (size_t i = 1; i < cands.size(); ++i) {
+    try {
+      askers.emplace_back(ask, i);
+    } catch (const std::system_error&) {
+      ask(i);  // no thread to be had: ask it from this one
+    }
+  }
+  if (!cands.empty()) ask(0);
+  for (std::thread& t : askers) t.join();
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const Result<LookupReply>& a = replies[i];
     if (!a) continue;  // known nothing more
     scheduler::RouteCandidate& c = (*rc)[i];
     c.cached_tokens = phase == Phase::kPrefill ? a->cached_tokens : a->device_cached_tokens;

@@ -225,8 +225,9 @@ class PdRouter final : public scheduler::EngineClient {
   // -1 where not known.
   bool Pick(Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
             PdInstance* out, std::pair<double, double>* predicted = nullptr);
-  // Asks each candidate's /internal/pd/lookup (1 s each; one that does not
-  // answer keeps what `rc` had) and fills `rc` in.
+  // Asks every candidate's /internal/pd/lookup at once (one thread each
+  // beyond the first; 1 s timeout; one that does not answer keeps what `rc`
+  // had) and fills `rc` in. Called without mu_ held.
   void LookUp(const Flight& f, Phase phase, const std::vector<PdInstance>& cands,
               std::vector<scheduler::RouteCandidate>* rc);
   scheduler::CalibratedRates Calibrated(const std::string& name) const;
