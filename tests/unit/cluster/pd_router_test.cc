@@ -2,7 +2,8 @@
 // servers that answer the /internal/pd/ routes with canned messages, so
 // that the router's own logic is checked where real instances are hard to
 // steer: a decode stream that breaks is resumed on another decode instance
-// and spliced into one stream; "not now" from every decode instance waits
+// and spliced into one stream; `ttft` asks every candidate and picks the
+// lowest prediction; "not now" from every decode instance waits
 // instead of failing; a request no instance serves fails with a reason.
 // (tests/e2e/cluster/router_cluster_test.cc runs the real processes.)
 
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cluster/pd_router.h"
@@ -58,7 +60,9 @@ class FakeInstance {
   std::vector<RequestOutput> events;
   int break_after = -1;
   std::atomic<int> not_now{0};  // answer this many reservations 503 first
-  std::atomic<int> reserves{0}, prefills{0}, decodes{0}, cancels{0};
+  std::atomic<int> reserves{0}, prefills{0}, decodes{0}, cancels{0}, lookups{0};
+  // What /internal/pd/lookup answers; unset: 404 (an instance that cannot say).
+  std::optional<LookupReply> lookup;
 
  private:
   void Handle(const server::HttpRequest& r, const std::shared_ptr<server::ResponseWriter>& w) {
@@ -97,6 +101,11 @@ class FakeInstance {
         w->Write("data: " + RequestOutputToJson(events[i]) + "\n\n");
       }
       return w->End();
+    }
+    if (r.path == "/internal/pd/lookup") {
+      ++lookups;
+      if (!lookup) return w->Send(404, "application/json", "{}");
+      return w->Send(200, "application/json", LookupReplyToJson(*lookup));
     }
     if (r.path == "/internal/pd/cancel") {
       ++cancels;
@@ -192,6 +201,36 @@ TEST(PdRouter, DecodeInstancesThatAreFullForNowMakeTheRequestWait) {
   EXPECT_EQ(sink.events.back().finish_reason, FinishReason::kLength);
   EXPECT_EQ(d.reserves.load(), 4);
   EXPECT_EQ(router.stats().not_now, 3u);
+}
+
+TEST(PdRouter, TtftAsksEveryCandidateAndPicksTheLowestPrediction) {
+  // Three prefill candidates, asked at once: "near" holds 32 of the 40
+  // prompt tokens, "busy" has 10,000 tokens queued, "mute" cannot answer
+  // (it keeps the router's defaults: the whole prompt at the mean known
+  // rate). The prediction is lowest at "near".
+  FakeInstance near("near", "prefill"), busy("busy", "prefill"), mute("mute", "prefill"), d("d", "decode");
+  d.events = {Token(11, "B", true)};
+  LookupReply a;
+  a.prefill_tokens_per_s = 1000;
+  busy.lookup = a;
+  busy.lookup->pending_prefill_tokens = 10000;
+  near.lookup = a;
+  near.lookup->cached_tokens = 32;
+  PdRouterOptions o = Options();
+  o.routing = scheduler::RoutingPolicy::kTtft;
+  PdRouter router(
+      [&] { return Result<std::vector<transfer::InstanceInfo>>({busy.info(), mute.info(), near.info(), d.info()}); },
+      o);
+  for (int k = 0; k < 3; ++k) {
+    Sink sink;
+    ASSERT_TRUE(router.Submit(Request(), sink.fn()).ok());
+    ASSERT_TRUE(sink.Wait());
+    EXPECT_EQ(sink.text(), "AB");
+    EXPECT_EQ(sink.events.back().prefill_instance, "near") << "request " << k;
+  }
+  EXPECT_EQ(near.prefills.load(), 3);
+  EXPECT_EQ(busy.prefills.load() + mute.prefills.load(), 0);
+  for (FakeInstance* f : {&near, &busy, &mute}) EXPECT_EQ(f->lookups.load(), 3);
 }
 
 TEST(PdRouter, WithoutADecodeInstanceTheRequestFailsWithTheReason) {
