@@ -96,6 +96,7 @@ PY
 fi
 
 source bench/processes.sh
+source bench/sim_instance.sh
 
 "$STRATA" meta --port 0 --port-file "$OUT/meta.port" > "$OUT/meta.log" 2>&1 &
 PIDS+=($!)
@@ -162,19 +163,8 @@ slower:
   instances: 1
   factor: $SLOW
   role: prefill
-instance:
-  profile: cpu-bench-110m
-  model: bench-110m
-  kv_dtype: f16
-  block_size: 16
-  device_bytes: $DEVICE_BYTES
-  host_bytes: 0
-  disk_bytes: 0
-  max_num_seqs: 64
-  max_batch_tokens: 512
-  cost:
-    calibrated: $1
 YAML
+  sim_instance_yaml "$DEVICE_BYTES" "$1"
 }
 
 # simulate TAG TRACE POLICY: the run TAG simulated twice. "quiet": the

@@ -16,6 +16,7 @@
 # non-zero on a failure. Needs python3 (arithmetic on the JSON reports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/sim_instance.sh
 STRATA=${STRATA:-build/tools/strata}
 OUT=${1:-$(mktemp -d /tmp/strata-sim-vs-live-XXXXXX)}
 mkdir -p "$OUT"
@@ -57,21 +58,10 @@ trap - EXIT
 
 # 3. Simulated: one instance shaped as the server (its defaults: 64
 # sequences, 512 tokens per step, 16-token f16 blocks), the calibrated costs.
-cat > "$OUT/cluster.yaml" <<YAML
-instances: 1
-instance:
-  profile: cpu-bench-110m
-  model: bench-110m
-  kv_dtype: f16
-  block_size: 16
-  device_bytes: $DEVICE_BYTES
-  host_bytes: 0
-  disk_bytes: 0
-  max_num_seqs: 64
-  max_batch_tokens: 512
-  cost:
-    calibrated: costs.json
-YAML
+{
+  echo "instances: 1"
+  sim_instance_yaml "$DEVICE_BYTES" costs.json
+} > "$OUT/cluster.yaml"
 "$STRATA" bench simulate --trace "$TRACE" --cluster "$OUT/cluster.yaml" --tokens-per-hash-id "$TOKENS_PER_ID" \
   --max-requests "$REQUESTS" --concurrency "$CONCURRENCY" --max-model-len "$CTX" --json > "$OUT/sim.json"
 
