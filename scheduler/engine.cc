@@ -186,19 +186,39 @@ bool Engine::Post(std::function<void(kvcache::KvManager&)> task) {
   return true;
 }
 
+namespace {
+
+CacheMatch MatchPrompt(const kvcache::KvManager& kv, const std::vector<int32_t>& tokens, const std::string& salt) {
+  const kvcache::PrefixMatch m = kv.Match(tokens, salt);
+  CacheMatch c;
+  c.prompt_tokens = static_cast<int32_t>(tokens.size());
+  c.cached_tokens = m.total();
+  c.block_size = kv.options().block_size;
+  c.tokens_by_tier.push_back(m.device_tokens);
+  c.tokens_by_tier.insert(c.tokens_by_tier.end(), m.lower_tier_tokens.begin(), m.lower_tier_tokens.end());
+  c.tokens_by_tier.resize(kv.num_lower_tiers() + 1, 0);
+  c.load_seconds = kv.EstimateLoadSeconds(m);
+  return c;
+}
+
+}  // namespace
+
 bool Engine::LookupCache(std::vector<int32_t> tokens, std::string cache_salt,
                          std::function<void(const CacheMatch&)> done) {
+  {
+    // The loop lends the KV manager while it runs a forward pass or sleeps:
+    // answer here rather than after the step (a router asking every
+    // candidate would otherwise wait for the longest step among them).
+    std::unique_lock<std::mutex> lock(kv_mu_);
+    if (kv_shared_) {
+      const CacheMatch c = MatchPrompt(*kv_, tokens, cache_salt);
+      lock.unlock();
+      done(c);
+      return true;
+    }
+  }
   return Post([tokens = std::move(tokens), salt = std::move(cache_salt), done = std::move(done)](kvcache::KvManager& kv) {
-    const kvcache::PrefixMatch m = kv.Match(tokens, salt);
-    CacheMatch c;
-    c.prompt_tokens = static_cast<int32_t>(tokens.size());
-    c.cached_tokens = m.total();
-    c.block_size = kv.options().block_size;
-    c.tokens_by_tier.push_back(m.device_tokens);
-    c.tokens_by_tier.insert(c.tokens_by_tier.end(), m.lower_tier_tokens.begin(), m.lower_tier_tokens.end());
-    c.tokens_by_tier.resize(kv.num_lower_tiers() + 1, 0);
-    c.load_seconds = kv.EstimateLoadSeconds(m);
-    done(c);
+    done(MatchPrompt(kv, tokens, salt));
   });
 }
 
@@ -633,10 +653,14 @@ Result<bool> Engine::Step() {
   const auto forward_start = std::chrono::steady_clock::now();
   step_since_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(step_start.time_since_epoch()).count(),
                        std::memory_order_relaxed);
+  // The forward pass does not touch the KV manager's books: lookups may
+  // read them meanwhile (LookupCache).
+  if (loop_kv_lock_ != nullptr) loop_kv_lock_->unlock();
   Status st = runner_->Forward(out.batch, &logits_);
   if (options_.step_time_factor > 1) {
     std::this_thread::sleep_for((std::chrono::steady_clock::now() - forward_start) * (options_.step_time_factor - 1));
   }
+  if (loop_kv_lock_ != nullptr) loop_kv_lock_->lock();
   const auto forward_end = std::chrono::steady_clock::now();
   forward_nanos_ += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(forward_end - forward_start).count());
@@ -718,6 +742,9 @@ void Engine::Start() {
 }
 
 void Engine::Loop() {
+  std::unique_lock<std::mutex> kv_lock(kv_mu_);
+  kv_shared_ = true;
+  loop_kv_lock_ = &kv_lock;
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -737,10 +764,18 @@ void Engine::Loop() {
       loading |= s->loading;
       active |= !s->held;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait_for(lock, loading || active ? std::chrono::microseconds(200) : std::chrono::microseconds(10000),
-                   [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !holds_.empty() || !tasks_.empty(); });
+    kv_lock.unlock();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait_for(lock, loading || active ? std::chrono::microseconds(200) : std::chrono::microseconds(10000),
+                     [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !holds_.empty() || !tasks_.empty(); });
+    }
+    kv_lock.lock();
   }
+  // From here on (Stop's final aborts run on its caller's thread) lookups
+  // are posted, and refused.
+  kv_shared_ = false;
+  loop_kv_lock_ = nullptr;
 }
 
 void Engine::AbortAll(const Status& why) {

@@ -303,6 +303,16 @@ class Engine final : public EngineClient {
 
   std::thread loop_;
   std::atomic<bool> loop_running_{false};
+
+  // Cache lookups without waiting for a step: the loop thread holds kv_mu_
+  // except while in the runner's forward pass or asleep with no work, and
+  // LookupCache (KvManager::Match only reads) takes it on the caller's
+  // thread. kv_shared_ (kv_mu_): the loop runs and lends kv_mu_ so; when
+  // false (no loop: the caller steps), lookups are posted. loop_kv_lock_:
+  // the loop's hold, touched by the stepping thread only.
+  std::mutex kv_mu_;
+  bool kv_shared_ = false;
+  std::unique_lock<std::mutex>* loop_kv_lock_ = nullptr;
 };
 
 }  // namespace strata::scheduler

@@ -223,8 +223,11 @@ class EngineClient {
   // chain order. Fixed for the engine's life.
   virtual const std::vector<std::string>& tier_names() const = 0;
   virtual const std::vector<kvcache::TierKind>& tier_kinds() const = 0;
-  // `done` gets how much of `tokens` is cached for `cache_salt`, on the
-  // delivery thread. False (and `done` is never called) once the engine is
+  // `done` gets how much of `tokens` is cached for `cache_salt`: on the
+  // caller's thread, inside this call, when the engine can answer at once
+  // (the in-process Engine between its forward passes' bookkeeping: a
+  // lookup never waits for a step to end), else later on the delivery
+  // thread. False (and `done` is never called) once the engine is
   // stopping.
   virtual bool LookupCache(std::vector<int32_t> tokens, std::string cache_salt,
                            std::function<void(const CacheMatch&)> done) = 0;

@@ -2,8 +2,10 @@
 // Engine over the real stories260K model, used through the interface only:
 // one final event per stream whether cancelled before its first token, while
 // running, twice, or after it ended; events never inside Submit and, with
-// the loop running, on the engine's thread; cache lookup and flush answered
-// from there; nothing accepted once stopping; every block back in the pool.
+// the loop running, on the engine's thread; cache flush answered from there,
+// cache lookup on the caller's thread at once, even in the middle of a
+// forward pass; nothing accepted once stopping; every block back in the
+// pool.
 
 #include "scheduler/engine_client.h"
 
@@ -14,6 +16,8 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -28,6 +32,48 @@ namespace strata::scheduler {
 namespace {
 
 constexpr int kBlockSize = 4;
+
+// The model's forward pass, which can be made to stop inside Forward until
+// released (to show what answers while a step runs).
+class GatedRunner final : public StepRunner {
+ public:
+  explicit GatedRunner(ForwardPass* fwd) : inner_(fwd) {}
+  Status Forward(std::span<const ForwardSeq> batch, std::vector<float>* logits) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (closed_) {
+        entered_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !closed_; });
+      }
+    }
+    return inner_.Forward(batch, logits);
+  }
+  int vocab_size() const override { return inner_.vocab_size(); }
+  int context_length() const override { return inner_.context_length(); }
+
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    entered_ = false;
+  }
+  // Waits until a forward pass is stopped at the gate.
+  bool WaitEntered() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return entered_; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = false;
+    cv_.notify_all();
+  }
+
+ private:
+  ForwardEngineRunner inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false, entered_ = false;
+};
 
 struct Stream {
   std::mutex mu;
@@ -59,13 +105,14 @@ class EngineClientTest : public ::testing::Test {
     o.ns = kvcache::NamespaceDigest(model_->weights.digest, model_->weights.config.arch, "f32", kBlockSize);
     auto mem = [e = fwd_.get()](BlockId id) { return e->block_data(static_cast<int32_t>(id.value())); };
     kv_ = std::move(kvcache::KvManager::Create(o, mem, std::vector<kvcache::LowerTier>{}, &clock_)).value();
-    runner_ = std::make_unique<ForwardEngineRunner>(fwd_.get());
+    runner_ = std::make_unique<GatedRunner>(fwd_.get());
     engine_ = std::move(Engine::Create({}, runner_.get(), kv_.get(), model_->tokenizer.get(), &clock_)).value();
     client_ = engine_.get();
     prompt_ = TokenizePrompt(*model_, "Once upon a time, there was a little girl named Lily");
   }
 
   void TearDown() override {
+    if (runner_) runner_->Open();  // a test that failed at its gate
     if (engine_) engine_->Stop(0);
     EXPECT_EQ(kv_->stats().device_pool.in_use, 0);
   }
@@ -107,7 +154,7 @@ class EngineClientTest : public ::testing::Test {
   std::unique_ptr<ThreadPool> threads_;
   std::unique_ptr<ForwardEngine> fwd_;
   std::unique_ptr<kvcache::KvManager> kv_;
-  std::unique_ptr<ForwardEngineRunner> runner_;
+  std::unique_ptr<GatedRunner> runner_;
   std::unique_ptr<Engine> engine_;
   EngineClient* client_ = nullptr;
   std::vector<int32_t> prompt_;
@@ -157,7 +204,7 @@ TEST_F(EngineClientTest, CancelAfterTheLastEventDoesNothing) {
   EXPECT_EQ(s.tokens.size(), 5u);
 }
 
-TEST_F(EngineClientTest, EventsAndCallbacksArriveOnTheEngineThread) {
+TEST_F(EngineClientTest, EventsArriveOnTheEngineThreadAndLookupsAtOnce) {
   engine_->Start();
   Stream s;
   Submit(Request(6), &s);
@@ -192,7 +239,7 @@ TEST_F(EngineClientTest, EventsAndCallbacksArriveOnTheEngineThread) {
   ASSERT_EQ(match->tokens_by_tier.size(), client_->tier_names().size());
   EXPECT_EQ(match->tokens_by_tier[0], whole_blocks);
   EXPECT_EQ(client_->tier_names()[0], "device");
-  EXPECT_NE(where, std::this_thread::get_id());
+  EXPECT_EQ(where, std::this_thread::get_id());  // answered inside the call: no step to wait for
 
   std::optional<Result<kvcache::FlushResult>> flushed;
   ASSERT_TRUE(client_->FlushCache(CacheFlush{}, [&](Result<kvcache::FlushResult> r) {
@@ -221,6 +268,46 @@ TEST_F(EngineClientTest, EventsAndCallbacksArriveOnTheEngineThread) {
   auto refused = client_->Submit(Request(2), [&late](RequestOutput&&) { ++late.events; });
   EXPECT_EQ(refused.error().code(), StatusCode::kUnavailable);
   EXPECT_EQ(late.events, 0);
+}
+
+// A router asks every candidate before it picks one: an instance in the
+// middle of a long forward pass still answers at once, with what its cache
+// holds, rather than when the step ends.
+TEST_F(EngineClientTest, ACacheLookupIsAnsweredInTheMiddleOfAForwardPass) {
+  engine_->Start();
+  Stream first;
+  Submit(Request(3), &first);
+  {
+    std::unique_lock<std::mutex> lock(first.mu);
+    ASSERT_TRUE(first.cv.wait_for(lock, std::chrono::seconds(30), [&] { return first.finals == 1; }));
+  }
+  runner_->Close();
+  Stream other;
+  EngineRequest r = Request(3);
+  r.prompt = TokenizePrompt(*model_, "The sun was hot and the sky was blue");
+  Submit(std::move(r), &other);
+  ASSERT_TRUE(runner_->WaitEntered());  // the loop is inside Forward, and stays there
+
+  std::optional<CacheMatch> match;
+  std::thread::id where;
+  const bool asked = client_->LookupCache(prompt_, "", [&](const CacheMatch& m) {
+    match = m;
+    where = std::this_thread::get_id();
+  });
+  const bool answered = match.has_value();
+  runner_->Open();
+  {
+    std::unique_lock<std::mutex> lock(other.mu);
+    ASSERT_TRUE(other.cv.wait_for(lock, std::chrono::seconds(30), [&] { return other.finals == 1; }));
+  }
+  EXPECT_EQ(other.finish, FinishReason::kLength);
+  EXPECT_EQ(other.tokens.size(), 3u);
+  ASSERT_TRUE(asked);
+  ASSERT_TRUE(answered) << "the lookup waited for the step to end";
+  EXPECT_EQ(where, std::this_thread::get_id());
+  const int32_t whole_blocks = static_cast<int32_t>((prompt_.size() - 1) / kBlockSize * kBlockSize);
+  EXPECT_EQ(match->cached_tokens, whole_blocks);
+  EXPECT_EQ(match->tokens_by_tier[0], whole_blocks);
 }
 
 TEST_F(EngineClientTest, AHeldRequestGeneratesNothingUntilReleased) {
