@@ -121,7 +121,7 @@ run() {  # round policy[+slo]
   [ "$2" != "$policy" ] && extra=(--slo "$ROUTER_SLO")
   rm -f "$OUT/$tag.router.port"
   "$STRATA" router --model "$MODEL" --metadata "$META" --routing "$policy" --port 0 --grpc-port -1 \
-    --port-file "$OUT/$tag.router.port" --log-level warn "${extra[@]}" > "$OUT/$tag.router.log" 2>&1 &
+    --port-file "$OUT/$tag.router.port" --log-level "${ROUTER_LOG_LEVEL:-warn}" "${extra[@]}" > "$OUT/$tag.router.log" 2>&1 &
   local router=$!
   local port
   port=$(port_of "$OUT/$tag.router.port")

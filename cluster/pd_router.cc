@@ -143,6 +143,8 @@ void PdRouter::Refresh() {
       p.decoding = old.decoding;
       p.prefill_tokens = old.prefill_tokens;
       p.ttft_scale = old.ttft_scale;
+      p.reported_prefill_tokens_per_s = old.reported_prefill_tokens_per_s;
+      p.reported_decode_step_seconds = old.reported_decode_step_seconds;
       p.avoid_until = old.avoid_until;
     }
   }
@@ -201,18 +203,34 @@ bool PdRouter::Pick(Flight& f, Phase phase, const std::set<std::string>& exclude
   for (size_t i = 0; i < cands.size(); ++i) {
     rc[i].unfinished = phase == Phase::kPrefill ? cands[i].prefilling : cands[i].decoding;
     // Until an instance says otherwise: all of the prompt to compute behind
-    // what this router sent it, at its calibrated rates (if any).
+    // what this router sent it, at the rates it last reported, else its
+    // calibrated ones (if any). Not the other candidates' mean: an instance
+    // too busy to answer in time is likely the slow one.
     rc[i].uncached_tokens = prompt;
     rc[i].queue_tokens = cands[i].prefill_tokens;
     const scheduler::CalibratedRates cal = Calibrated(cands[i].name);
-    rc[i].prefill_tokens_per_s = cal.prefill_tokens_per_s;
-    rc[i].tpot_seconds = cal.decode_step_seconds;
+    rc[i].prefill_tokens_per_s =
+        cands[i].reported_prefill_tokens_per_s > 0 ? cands[i].reported_prefill_tokens_per_s : cal.prefill_tokens_per_s;
+    rc[i].tpot_seconds =
+        cands[i].reported_decode_step_seconds > 0 ? cands[i].reported_decode_step_seconds : cal.decode_step_seconds;
     rc[i].ttft_scale = cands[i].ttft_scale;
   }
   const bool slo = phase == Phase::kPrefill ? options_.slo_ttft_seconds > 0 : options_.slo_tpot_seconds > 0;
   const bool looked = (router.needs_cached_tokens() && cands.size() > 1) || slo;
   if (looked) LookUp(f, phase, cands, &rc);
   std::lock_guard lock(mu_);
+  if (looked && phase == Phase::kPrefill) {
+    // Requests routed by other threads while this one asked: their prompts
+    // are queued ahead of this one too (else a burst herds to whichever
+    // candidate looked best before any of it was counted).
+    for (size_t i = 0; i < cands.size(); ++i) {
+      for (const PdInstance& p : instances_) {
+        if (p.name != cands[i].name || p.prefill_tokens <= rc[i].queue_tokens) continue;
+        rc[i].queue_tokens = p.prefill_tokens;
+        rc[i].queue_done_seconds = 0;
+      }
+    }
+  }
   const size_t k = phase == Phase::kPrefill ? router.Pick(rc) : router.PickDecode(rc, prompt);
   *out = cands[k];
   if (predicted != nullptr) {
@@ -233,6 +251,17 @@ bool PdRouter::Pick(Flight& f, Phase phase, const std::set<std::string>& exclude
     *predicted = {best, pred(k)};
   }
   if (phase == Phase::kPrefill) f.routed_tokens = rc[k].uncached_tokens;
+  if (looked && phase == Phase::kPrefill && ::spdlog::should_log(::spdlog::level::debug)) {
+    std::string what;
+    const double mean = scheduler::MeanKnownPrefillRate(rc);
+    for (size_t i = 0; i < rc.size(); ++i) {
+      what += fmt::format(" {}{}: queue {} (done {:.3f}s) uncached {} rate {:.0f} scale {:.2f} load {:.3f}s -> {:.3f}s;",
+                          i == k ? "*" : "", cands[i].name, rc[i].queue_tokens, rc[i].queue_done_seconds,
+                          rc[i].uncached_tokens, rc[i].prefill_tokens_per_s, rc[i].ttft_scale, rc[i].load_seconds,
+                          scheduler::PredictTtftSeconds(rc[i], mean));
+    }
+    STRATA_LOG_DEBUG("router: request {} prefill candidates:{}", f.id.value(), what);
+  }
   for (PdInstance& p : instances_) {
     if (p.name != out->name) continue;
     (phase == Phase::kPrefill ? p.prefilling : p.decoding) += 1;
@@ -278,6 +307,15 @@ void PdRouter::LookUp(const Flight& f, Phase phase, const std::vector<PdInstance
     if (a->decode_step_seconds > 0) c.tpot_seconds = a->decode_step_seconds;
     c.load_seconds = phase == Phase::kPrefill ? a->load_seconds : 0;
     c.free_kv_tokens = a->device_tokens > 0 ? a->device_free_tokens : -1;
+  }
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (!replies[i]) continue;
+    for (PdInstance& p : instances_) {
+      if (p.name != cands[i].name) continue;
+      if (replies[i]->prefill_tokens_per_s > 0) p.reported_prefill_tokens_per_s = replies[i]->prefill_tokens_per_s;
+      if (replies[i]->decode_step_seconds > 0) p.reported_decode_step_seconds = replies[i]->decode_step_seconds;
+    }
   }
 }
 

@@ -158,6 +158,11 @@ struct PdInstance {
   // Learned correction of its TTFT predictions (RouteCandidate::ttft_scale):
   // moved towards observed ÷ predicted after each first token it gives.
   double ttft_scale = 1;
+  // The rates its last lookup answer reported (0 = none yet): what the
+  // router assumes when a lookup does not answer in time, before its
+  // calibration (PdRouterOptions::calibration).
+  double reported_prefill_tokens_per_s = 0;
+  double reported_decode_step_seconds = 0;
   std::chrono::steady_clock::time_point avoid_until{};
 };
 

@@ -63,6 +63,7 @@ class FakeInstance {
   std::atomic<int> reserves{0}, prefills{0}, decodes{0}, cancels{0}, lookups{0};
   // What /internal/pd/lookup answers; unset: 404 (an instance that cannot say).
   std::optional<LookupReply> lookup;
+  std::atomic<bool> silent{false};  // answer lookups 404 for now (set between requests)
 
  private:
   void Handle(const server::HttpRequest& r, const std::shared_ptr<server::ResponseWriter>& w) {
@@ -104,7 +105,7 @@ class FakeInstance {
     }
     if (r.path == "/internal/pd/lookup") {
       ++lookups;
-      if (!lookup) return w->Send(404, "application/json", "{}");
+      if (!lookup || silent.load()) return w->Send(404, "application/json", "{}");
       return w->Send(200, "application/json", LookupReplyToJson(*lookup));
     }
     if (r.path == "/internal/pd/cancel") {
@@ -231,6 +232,37 @@ TEST(PdRouter, TtftAsksEveryCandidateAndPicksTheLowestPrediction) {
   EXPECT_EQ(near.prefills.load(), 3);
   EXPECT_EQ(busy.prefills.load() + mute.prefills.load(), 0);
   for (FakeInstance* f : {&near, &busy, &mute}) EXPECT_EQ(f->lookups.load(), 3);
+}
+
+TEST(PdRouter, TtftKeepsACandidatesLastReportedRateWhenItsLookupFails) {
+  // "slow" computes 100 tokens/s, "fast" 1000 with 100 tokens queued: the
+  // 40-token prompt is predicted at 0.4 s and 0.14 s. When slow's lookup
+  // then fails (an instance deep in a long step may not answer in time),
+  // the router keeps its last reported rate: taking the mean of the
+  // others' (1000: 0.04 s) would send the request to the slow one.
+  FakeInstance fast("fast", "prefill"), slow("slow", "prefill"), d("d", "decode");
+  d.events = {Token(11, "B", true)};
+  LookupReply a;
+  a.prefill_tokens_per_s = 1000;
+  a.pending_prefill_tokens = 100;
+  fast.lookup = a;
+  a.prefill_tokens_per_s = 100;
+  a.pending_prefill_tokens = 0;
+  slow.lookup = a;
+  PdRouterOptions o = Options();
+  o.routing = scheduler::RoutingPolicy::kTtft;
+  PdRouter router([&] { return Result<std::vector<transfer::InstanceInfo>>({slow.info(), fast.info(), d.info()}); },
+                  o);
+  for (int k = 0; k < 2; ++k) {
+    if (k == 1) slow.silent = true;
+    Sink sink;
+    ASSERT_TRUE(router.Submit(Request(), sink.fn()).ok());
+    ASSERT_TRUE(sink.Wait());
+    EXPECT_EQ(sink.text(), "AB");
+    EXPECT_EQ(sink.events.back().prefill_instance, "fast") << "request " << k;
+  }
+  EXPECT_EQ(slow.lookups.load(), 2);
+  EXPECT_EQ(slow.prefills.load(), 0);
 }
 
 TEST(PdRouter, WithoutADecodeInstanceTheRequestFailsWithTheReason) {
