@@ -1,6 +1,7 @@
 #include "model/gguf_export.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -35,17 +36,38 @@ void AddConfig(const ModelConfig& c, const std::string& name, GgufWriter* w) {
   }
 }
 
-Status CheckWritable(const ModelConfig& c) {
+// GGUF llama/mistral expect the interleaved RoPE pairing, qwen2 the NeoX
+// one. Weights in the NeoX pairing under another arch (a Hugging Face Llama
+// directory) are written with their Q/K rows permuted to the interleaved
+// pairing, as llama.cpp's converter does: the same function.
+bool NeedsInterleaving(const ModelConfig& c) { return c.rope_style == RopeStyle::kNeox && c.arch != "qwen2"; }
+
+// `permute`: whether the caller writes Q/K permuted (NeedsInterleaving).
+Status CheckWritable(const ModelConfig& c, bool permute) {
   STRATA_RETURN_IF_ERROR(c.Validate());
   if (c.rope_scaling.type == RopeScaling::Type::kLlama3)
     return Status::Unsupported("writing Llama-3 RoPE scaling to GGUF (a rope_freqs tensor) is not implemented");
-  // GGUF llama/mistral expect the interleaved RoPE pairing (Q/K permuted),
-  // qwen2 the NeoX one; a mismatch would change the function computed.
-  bool neox = c.rope_style == RopeStyle::kNeox;
-  if (neox != (c.arch == "qwen2"))
+  const bool neox = c.rope_style == RopeStyle::kNeox;
+  if (neox != (c.arch == "qwen2") && !(permute && NeedsInterleaving(c)))
     return Status::Unsupported("GGUF '" + c.arch + "' implies " + (neox ? "interleaved" : "NeoX") +
                                " RoPE; these weights use the other pairing (convert Q/K first)");
   return Status::Ok();
+}
+
+// The heads of tensor `name` whose rows (or, for a bias, elements) go from
+// the NeoX to the interleaved pairing; 0 for every other tensor.
+int InterleaveHeads(const ModelConfig& c, const std::string& name) {
+  if (!NeedsInterleaving(c) || !name.starts_with("blk.")) return 0;
+  if (name.ends_with(".attn_q.weight") || name.ends_with(".attn_q.bias")) return c.n_heads;
+  if (name.ends_with(".attn_k.weight") || name.ends_with(".attn_k.bias")) return c.n_kv_heads;
+  return 0;
+}
+
+// Output row `r` of a head-permuted tensor comes from this input row: the
+// interleaved pair (2i, 2i + 1) of a head is the NeoX pair (i, i + d/2).
+int64_t InterleavedSource(int64_t r, int head_dim) {
+  const int64_t head = r / head_dim * head_dim, j = r % head_dim;
+  return head + j / 2 + (j % 2) * (head_dim / 2);
 }
 
 }  // namespace
@@ -65,20 +87,38 @@ Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std
 
 namespace {
 
-// The bytes of rows [r0, r1) of `t` converted to `to`, into `out`.
-void ConvertRows(const Tensor& t, DType to, int64_t r0, int64_t r1, uint8_t* out) {
+// The bytes of rows [r0, r1) of `t` converted to `to`, into `out`; with
+// head_dim > 0, row r is read from InterleavedSource(r) (same type: its
+// bytes, copied).
+void ConvertRows(const Tensor& t, DType to, int head_dim, int64_t r0, int64_t r1, uint8_t* out) {
   const int64_t cols = t.cols();
   std::vector<float> row(static_cast<size_t>(cols));
   const size_t out_row = RowBytes(to, cols);
   for (int64_t r = r0; r < r1; ++r) {
-    cpu::DequantizeRow(t.type, t.row(r), row.data(), cols);
-    cpu::QuantizeRow(to, row.data(), out + static_cast<size_t>(r - r0) * out_row, cols);
+    const uint8_t* src = t.row(head_dim > 0 ? InterleavedSource(r, head_dim) : r);
+    uint8_t* dst = out + static_cast<size_t>(r - r0) * out_row;
+    if (to == t.type) {
+      std::memcpy(dst, src, out_row);
+      continue;
+    }
+    cpu::DequantizeRow(t.type, src, row.data(), cols);
+    cpu::QuantizeRow(to, row.data(), dst, cols);
   }
 }
 
-// Streams `t` converted to `to` into `sink`, a chunk of rows at a time, the
-// rows of a chunk split over `threads`.
-Status ProduceConverted(const Tensor& t, DType to, ThreadPool* pool, const GgufWriter::Sink& sink) {
+// A bias (1-D, unquantized) with its elements in the interleaved pairing.
+std::vector<uint8_t> InterleavedVector(const Tensor& t, int head_dim) {
+  const size_t elem = RowBytes(t.type, 1);
+  std::vector<uint8_t> out(t.nbytes);
+  for (int64_t i = 0; i < t.ne[0]; ++i)
+    std::memcpy(out.data() + static_cast<size_t>(i) * elem,
+                t.data + static_cast<size_t>(InterleavedSource(i, head_dim)) * elem, elem);
+  return out;
+}
+
+// Streams `t` converted to `to` (rows head-permuted when head_dim > 0) into
+// `sink`, a chunk of rows at a time, the rows of a chunk split over `threads`.
+Status ProduceConverted(const Tensor& t, DType to, int head_dim, ThreadPool* pool, const GgufWriter::Sink& sink) {
   const int64_t rows = t.rows();
   const size_t out_row = RowBytes(to, t.cols());
   const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((size_t{16} << 20) / std::max<size_t>(out_row, 1)));
@@ -87,10 +127,11 @@ Status ProduceConverted(const Tensor& t, DType to, ThreadPool* pool, const GgufW
     const int64_t r1 = std::min(rows, r0 + chunk);
     if (pool != nullptr) {
       pool->ParallelFor(static_cast<size_t>(r1 - r0), 1, [&](size_t b, size_t e) {
-        ConvertRows(t, to, r0 + static_cast<int64_t>(b), r0 + static_cast<int64_t>(e), buf.data() + b * out_row);
+        ConvertRows(t, to, head_dim, r0 + static_cast<int64_t>(b), r0 + static_cast<int64_t>(e),
+                    buf.data() + b * out_row);
       });
     } else {
-      ConvertRows(t, to, r0, r1, buf.data());
+      ConvertRows(t, to, head_dim, r0, r1, buf.data());
     }
     STRATA_RETURN_IF_ERROR(sink(buf.data(), static_cast<size_t>(r1 - r0) * out_row));
   }
@@ -102,7 +143,7 @@ Status ProduceConverted(const Tensor& t, DType to, ThreadPool* pool, const GgufW
 Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path,
                       const GgufExportOptions& opt) {
   const ModelConfig& c = w.config;
-  STRATA_RETURN_IF_ERROR(CheckWritable(c));
+  STRATA_RETURN_IF_ERROR(CheckWritable(c, /*permute=*/true));
   STRATA_RETURN_IF_ERROR(CheckTokenizerWritable(tok));
   GgufWriter out;
   AddConfig(c, c.name.empty() ? "strata-model" : c.name, &out);
@@ -114,11 +155,28 @@ Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std
   ForEachWeightTensor(w, [&](const std::string& name, const Tensor& t) {
     if (!st.ok()) return;
     auto it = opt.types.find(name);
-    if (it == opt.types.end() || it->second == t.type) {
+    const DType to = it == opt.types.end() ? t.type : it->second;
+    const int heads = InterleaveHeads(c, name);
+    if (heads > 0) {
+      const int64_t rows = t.ne.size() == 1 ? t.ne[0] : t.rows();
+      if (rows != static_cast<int64_t>(heads) * c.head_dim || (t.ne.size() == 1 && IsQuantized(t.type))) {
+        st = Status::InvalidArgument("tensor " + name + ": " + std::to_string(rows) + " rows, expected " +
+                                     std::to_string(heads) + " heads x " + std::to_string(c.head_dim) +
+                                     " for the RoPE permutation");
+        return;
+      }
+      if (t.ne.size() == 1) {
+        st = out.AddTensorProduced(name, t.type, t.ne, [t, hd = c.head_dim](const GgufWriter::Sink& sink) {
+          const std::vector<uint8_t> v = InterleavedVector(t, hd);
+          return sink(v.data(), v.size());
+        });
+        return;
+      }
+    }
+    if (to == t.type && heads == 0) {
       st = out.AddTensor(name, t.type, t.ne, t.data, t.nbytes);
       return;
     }
-    const DType to = it->second;
     if (t.cols() % GetDTypeInfo(to).block_elems != 0) {
       st = Status::InvalidArgument("tensor " + name + ": rows of " + std::to_string(t.cols()) +
                                    " elements do not divide into " + std::string(DTypeName(to)) + " blocks");
@@ -126,8 +184,9 @@ Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std
     }
     ThreadPool* p = pool.get();
     // The Tensor is a view (copied); its bytes belong to `w`, which outlives Write().
-    st = out.AddTensorProduced(name, to, t.ne, [t, to, p](const GgufWriter::Sink& sink) {
-      return ProduceConverted(t, to, p, sink);
+    const int head_dim = heads > 0 ? c.head_dim : 0;
+    st = out.AddTensorProduced(name, to, t.ne, [t, to, head_dim, p](const GgufWriter::Sink& sink) {
+      return ProduceConverted(t, to, head_dim, p, sink);
     });
   });
   STRATA_RETURN_IF_ERROR(st);
@@ -136,7 +195,7 @@ Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std
 
 Status WriteSyntheticGguf(const ModelConfig& c, const TokenizerSpec& tok, const SynthOptions& opt,
                           const std::string& path) {
-  STRATA_RETURN_IF_ERROR(CheckWritable(c));
+  STRATA_RETURN_IF_ERROR(CheckWritable(c, /*permute=*/false));
   STRATA_RETURN_IF_ERROR(CheckTokenizerWritable(tok));
   if (static_cast<int>(tok.tokens.size()) != c.vocab_size)
     return Status::InvalidArgument("vocabulary has " + std::to_string(tok.tokens.size()) +

@@ -25,8 +25,11 @@ struct GgufExportOptions {
 // The same, with tensors converted as `opt` says (while writing: `w`'s
 // storage is read until this returns). InvalidArgument when a tensor's rows
 // do not divide into its new type's blocks; Unsupported for weights GGUF
-// cannot carry as they are (NeoX RoPE pairing under arch llama/mistral, as a
-// Hugging Face Llama directory loads; Llama-3 RoPE scaling).
+// cannot carry (Llama-3 RoPE scaling; interleaved pairing under qwen2).
+// Weights in the NeoX RoPE pairing under arch llama/mistral (a Hugging Face
+// Llama directory, as it loads) are written with their attn_q/attn_k rows
+// (and biases) permuted to the interleaved pairing GGUF llama implies, as
+// llama.cpp's converter does; the file computes the same function.
 Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path,
                       const GgufExportOptions& opt);
 

@@ -1,8 +1,8 @@
 // `strata model quantize` and `strata eval kld` end to end on the real
 // stories260K model: the census printed equals what `model info` lists,
 // the quantized file generates, a file against itself has KLD 0 and full
-// agreement, Q8_0 stays close to the f32 original, and bad input is a clear
-// error.
+// agreement, Q8_0 stays close to the f32 original, a Hugging Face Llama
+// directory quantizes to the same function, and bad input is a clear error.
 
 #include <gtest/gtest.h>
 
@@ -52,6 +52,34 @@ TEST(QuantizeCli, CensusEqualsModelInfoAndTheFileGenerates) {
   ASSERT_EQ(text.exit_code, 0) << text.err;
   EXPECT_NE(text.out.find("census (q4_0): f16 5 f32 11 q4_0 32; 5 fallbacks"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("blk.0.ffn_down.weight"), std::string::npos);
+}
+
+// A Hugging Face Llama directory (NeoX RoPE pairing as it loads) becomes a
+// GGUF llama file (interleaved pairing: Q/K rows permuted while writing)
+// that computes the same function: KLD against the directory itself ~0.
+TEST(QuantizeCli, AHuggingFaceLlamaDirectoryQuantizesToTheSameFunction) {
+  const std::string dir = testing::MakeTempDir("strata-quantize-hf-");
+  const std::string hf = dir + "/hf";
+  auto synth = RunCommand(Cli("model synth --preset tiny --format hf --log-level warn --out " + ShellQuote(hf)));
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  for (const char* dtype : {"f32", "q8_0"}) {
+    SCOPED_TRACE(dtype);
+    const std::string out = dir + "/" + dtype + ".gguf";
+    auto q = RunCommand(Cli(std::string("model quantize --log-level warn --dtype ") + dtype + " --model " +
+                            ShellQuote(hf) + " --out " + ShellQuote(out)));
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    auto k = Json(RunCommand(Cli("eval kld --json --log-level warn --model " + ShellQuote(out) + " --reference " +
+                                 ShellQuote(hf))));
+    ASSERT_TRUE(k.is_object());
+    EXPECT_GE(k["positions"].get<int>(), 2000);
+    if (std::string(dtype) == "f32") {
+      EXPECT_LT(k["mean_kld"].get<double>(), 1e-9);
+      EXPECT_GE(k["top1_agreement"].get<double>(), 0.999);
+    } else {
+      EXPECT_LT(k["mean_kld"].get<double>(), 1e-3);
+      EXPECT_GE(k["top1_agreement"].get<double>(), 0.95);
+    }
+  }
 }
 
 TEST(QuantizeCli, BadInputIsAClearError) {

@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <vector>
 
 #include "model/backend/cpu/quant.h"
 #include "model/gguf_tokenizer.h"
 #include "model/model_loader.h"
 #include "model/synth.h"
+#include "tests/support/reference_forward.h"
 #include "tests/support/test_env.h"
 
 namespace strata {
@@ -184,6 +186,60 @@ TEST(Quantize, WrittenFilesHoldTheReferenceQuantizersBytesWithinEachFormatsBound
       }
     }
   }
+}
+
+double MaxLogitDiff(const ModelWeights& a, const ModelWeights& b) {
+  const std::vector<int32_t> tokens = {1, 5, 9, 3, 7, 2, 30, 11, 4, 60};
+  const auto la = testing::ReferenceModel(a).Forward(tokens);
+  const auto lb = testing::ReferenceModel(b).Forward(tokens);
+  double d = 0;
+  for (size_t i = 0; i < la.size(); ++i)
+    for (size_t k = 0; k < la[i].size(); ++k) d = std::max(d, std::abs(la[i][k] - lb[i][k]));
+  return d;
+}
+
+// A Hugging Face Llama directory loads with the NeoX RoPE pairing; GGUF
+// llama implies the interleaved one. Writing it permutes the attn_q/attn_k
+// rows (as llama.cpp's converter does): the file computes the same logits,
+// and its q8_0 copy holds exactly the bytes of the q8_0 copy of the
+// interleaved file (each row is quantized on its own).
+TEST(Quantize, ANeoxLlamaIsWrittenWithItsQKRowsInTheInterleavedPairing) {
+  const std::string dir = testing::MakeTempDir("strata-quantize-neox-");
+  ModelConfig c = Shape(64, 2, 128, 64);
+  c.rope_style = RopeStyle::kNeox;
+  const ModelWeights w = Synth(c);
+  auto f32 = PlanQuantization(w, "f32", false);
+  ASSERT_TRUE(f32);
+  ASSERT_TRUE(WriteQuantizedGguf(w, SyntheticVocab(64), *f32, true, 1, dir + "/f32.gguf").ok());
+  auto m = LoadModel(dir + "/f32.gguf");
+  ASSERT_TRUE(m) << m.error().ToString();
+  const ModelWeights& back = (*m)->weights;
+  EXPECT_EQ(back.config.rope_style, RopeStyle::kInterleaved);
+  EXPECT_LT(MaxLogitDiff(w, back), 1e-4);
+  // Control: the same rows read in the other pairing compute something else.
+  ModelWeights unpermuted = Synth(c);
+  unpermuted.config.rope_style = RopeStyle::kInterleaved;
+  EXPECT_GT(MaxLogitDiff(w, unpermuted), 1e-2);
+
+  auto q8 = PlanQuantization(w, "q8_0", false);
+  ASSERT_TRUE(q8);
+  ASSERT_TRUE(WriteQuantizedGguf(w, SyntheticVocab(64), *q8, true, 2, dir + "/from-neox.gguf").ok());
+  auto q8b = PlanQuantization(back, "q8_0", false);
+  ASSERT_TRUE(q8b);
+  ASSERT_TRUE(WriteQuantizedGguf(back, SyntheticVocab(64), *q8b, true, 2, dir + "/from-gguf.gguf").ok());
+  auto a = LoadModel(dir + "/from-neox.gguf");
+  auto b = LoadModel(dir + "/from-gguf.gguf");
+  ASSERT_TRUE(a && b);
+  std::map<std::string, const Tensor*> tb;
+  ForEachWeightTensor((*b)->weights, [&](const std::string& name, const Tensor& t) { tb[name] = &t; });
+  int compared = 0;
+  ForEachWeightTensor((*a)->weights, [&](const std::string& name, const Tensor& t) {
+    ASSERT_EQ(tb.count(name), 1u) << name;
+    ASSERT_EQ(t.nbytes, tb[name]->nbytes) << name;
+    EXPECT_EQ(0, std::memcmp(t.data, tb[name]->data, t.nbytes)) << name;
+    ++compared;
+  });
+  EXPECT_EQ(compared, static_cast<int>(tb.size()));
 }
 
 }  // namespace
