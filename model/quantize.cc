@@ -16,13 +16,22 @@ bool IsMatrix(const Tensor& t) { return t.ne.size() >= 2; }
 // llama-quantize's "use more bits" layers for Q4_K_M's attn_v and ffn_down.
 bool UseMoreBits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
+// What llama.cpp calls a 70B model (LLM_TYPE_70B, llama-model.cpp): 80
+// layers, with grouped KV heads under llama (without them it is "65B"), any
+// qwen2 of 80 layers. Its attn_v is 1/8 of attn_q: llama-quantize spends
+// more bits on it.
+bool Is70B(const ModelConfig& c) {
+  if (c.n_layers != 80) return false;
+  return c.arch == "qwen2" || c.n_heads != c.n_kv_heads;
+}
+
 // The type the q4_k_m recipe gives matrix `name` of layer `layer` (-1 for
-// tensors outside the layers) in a model of `n_layers`.
-DType Q4KMType(const std::string& name, int layer, int n_layers, bool tied) {
-  const bool output = name == "output.weight" || (tied && name == "token_embd.weight");
+// tensors outside the layers) in a model shaped `c`.
+DType Q4KMType(const std::string& name, int layer, const ModelConfig& c) {
+  const bool output = name == "output.weight" || (c.tied_embeddings && name == "token_embd.weight");
   if (output) return DType::kQ6_K;
-  const bool more = layer >= 0 && UseMoreBits(layer, n_layers);
-  if (name.ends_with("attn_v.weight") && more) return DType::kQ6_K;
+  const bool more = layer >= 0 && UseMoreBits(layer, c.n_layers);
+  if (name.ends_with("attn_v.weight")) return more ? DType::kQ6_K : Is70B(c) ? DType::kQ5_K : DType::kQ4_K;
   if (name.ends_with("ffn_down.weight") && more) return DType::kQ6_K;
   return DType::kQ4_K;
 }
@@ -64,7 +73,7 @@ Result<QuantizePlan> PlanQuantization(const ModelWeights& w, const std::string& 
     if (!st.ok()) return;
     TensorQuantPlan p{name, t.ne, t.type, t.type, false};
     if (IsMatrix(t)) {
-      const DType want = mix ? Q4KMType(name, LayerOf(name), w.config.n_layers, w.config.tied_embeddings) : *pure;
+      const DType want = mix ? Q4KMType(name, LayerOf(name), w.config) : *pure;
       p.to = SynthTensorType(want, t.cols());
       p.fallback = p.to != want;
       // Decoding to f32/f16/bf16 loses nothing (f16/bf16 round once); quantizing again does.

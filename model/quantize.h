@@ -8,7 +8,9 @@
 // for Llama-family models:
 //   - output.weight (token_embd.weight when the embeddings are tied): q6_k;
 //   - attn_v.weight and ffn_down.weight of layer i of n: q6_k when
-//     i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2 ("use more bits"), else q4_k;
+//     i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2 ("use more bits"), else q4_k
+//     (attn_v: q5_k in a "70B" model: 80 layers, and grouped KV heads
+//     unless the arch is qwen2);
 //   - every other matrix: q4_k.
 // Norms and biases (1-D tensors) keep their stored type.
 //

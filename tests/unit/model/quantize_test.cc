@@ -78,6 +78,31 @@ TEST(Quantize, Q4KMRecipeMatchesLlamaQuantizeOn32Layers) {
   for (const auto& t : plan->tensors) EXPECT_FALSE(t.fallback) << t.name;
 }
 
+// Llama-2-70B's layout (80 layers, 8 query heads per KV head): what
+// llama-quantize Q4_K_M prints for it, 161 f32, 441 q4_K, 40 q5_K (attn_v
+// outside the "more bits" layers) and 81 q6_K tensors. Without grouped KV
+// heads (llama.cpp's "65B") attn_v stays q4_K there.
+TEST(Quantize, Q4KMRecipeGivesA70BModelsAttnVMoreBits) {
+  ModelConfig c = Shape(256, 80, 256, 256);
+  auto plan = PlanQuantization(Synth(c, DType::kF16), "q4_k_m", false);
+  ASSERT_TRUE(plan) << plan.error().ToString();
+  auto census = plan->Census();
+  EXPECT_EQ(census["f32"], 161);
+  EXPECT_EQ(census["q4_k"], 441);
+  EXPECT_EQ(census["q5_k"], 40);
+  EXPECT_EQ(census["q6_k"], 81);
+  EXPECT_EQ(Find(*plan, "blk.10.attn_v.weight")->to, DType::kQ5_K);
+  EXPECT_EQ(Find(*plan, "blk.12.attn_v.weight")->to, DType::kQ6_K);
+  EXPECT_EQ(Find(*plan, "blk.10.ffn_down.weight")->to, DType::kQ4_K);
+
+  c.n_kv_heads = c.n_heads;
+  plan = PlanQuantization(Synth(c, DType::kF16), "q4_k_m", false);
+  ASSERT_TRUE(plan);
+  census = plan->Census();
+  EXPECT_EQ(census.count("q5_k"), 0u);
+  EXPECT_EQ(census["q4_k"], 481);
+}
+
 TEST(Quantize, TiedEmbeddingsTakeTheOutputType) {
   ModelConfig c = Shape(256, 8, 256, 512);
   c.tied_embeddings = true;
