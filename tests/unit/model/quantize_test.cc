@@ -167,50 +167,91 @@ double RmsBound(DType t) {
   }
 }
 
+double MaxLogitDiff(const ModelWeights& a, const ModelWeights& b);
+
+// Every tensor of `got` (loaded from a file written by `plan` from `w`) has
+// the type the plan says, and each row the bytes the reference quantizer
+// gives for the same row of `w` decoded to f32, within the type's bound.
+void ExpectReferenceBytes(const ModelWeights& w, const QuantizePlan& plan, const ModelWeights& got_w) {
+  std::map<std::string, const Tensor*> got, src;
+  ForEachWeightTensor(got_w, [&](const std::string& name, const Tensor& t) { got[name] = &t; });
+  ForEachWeightTensor(w, [&](const std::string& name, const Tensor& t) { src[name] = &t; });
+  ASSERT_EQ(got.size(), plan.tensors.size());
+  for (const auto& tp : plan.tensors) {
+    const Tensor* t = got[tp.name];
+    const Tensor* s = src[tp.name];
+    ASSERT_NE(t, nullptr) << tp.name;
+    ASSERT_NE(s, nullptr) << tp.name;
+    ASSERT_EQ(t->type, tp.to) << tp.name;
+    ASSERT_EQ(t->ne, tp.ne);
+    const int64_t cols = t->cols();
+    std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(cols));
+    std::vector<uint8_t> want(RowBytes(tp.to, cols));
+    double err2 = 0, sum2 = 0;
+    for (int64_t r = 0; r < t->rows(); ++r) {
+      cpu::DequantizeRow(s->type, s->row(r), x.data(), cols);
+      cpu::QuantizeRow(tp.to, x.data(), want.data(), cols);
+      ASSERT_EQ(0, std::memcmp(want.data(), t->row(r), want.size())) << tp.name << " row " << r;
+      cpu::DequantizeRow(t->type, t->row(r), y.data(), cols);
+      for (int64_t k = 0; k < cols; ++k) {
+        err2 += (x[k] - y[k]) * static_cast<double>(x[k] - y[k]);
+        sum2 += x[k] * static_cast<double>(x[k]);
+      }
+    }
+    if (tp.to != DType::kF32 && tp.to != s->type) {
+      EXPECT_LE(std::sqrt(err2 / sum2), RmsBound(tp.to)) << tp.name;
+    }
+  }
+}
+
+// Writes `w` by `recipe` into `dir`, loads the file and checks its bytes.
+void QuantizeAndCheck(const ModelWeights& w, const std::string& recipe, const std::string& dir) {
+  SCOPED_TRACE(recipe);
+  auto plan = PlanQuantization(w, recipe, false);
+  ASSERT_TRUE(plan) << plan.error().ToString();
+  const std::string path = dir + "/" + recipe + ".gguf";
+  ASSERT_TRUE(WriteQuantizedGguf(w, SyntheticVocab(w.config.vocab_size), *plan, true, 2, path).ok());
+  auto m = LoadModel(path);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_TRUE((*m)->synthetic);
+  EXPECT_EQ((*m)->weights.config.arch, w.config.arch);
+  ExpectReferenceBytes(w, *plan, (*m)->weights);
+}
+
 TEST(Quantize, WrittenFilesHoldTheReferenceQuantizersBytesWithinEachFormatsBound) {
   const std::string dir = testing::MakeTempDir("strata-quantize-");
   ModelWeights w = Synth(Shape(256, 2, 512, 512));
-  for (const char* recipe : {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "f16", "bf16"}) {
-    SCOPED_TRACE(recipe);
-    auto plan = PlanQuantization(w, recipe, false);
-    ASSERT_TRUE(plan);
-    const std::string path = dir + "/" + recipe + ".gguf";
-    ASSERT_TRUE(WriteQuantizedGguf(w, SyntheticVocab(512), *plan, true, 2, path).ok());
-    auto m = LoadModel(path);
-    ASSERT_TRUE(m) << m.error().ToString();
-    EXPECT_TRUE((*m)->synthetic);
-    std::map<std::string, const Tensor*> got;
-    ForEachWeightTensor((*m)->weights, [&](const std::string& name, const Tensor& t) { got[name] = &t; });
-    ASSERT_EQ(got.size(), plan->tensors.size());
-    for (const auto& tp : plan->tensors) {
-      const Tensor* t = got[tp.name];
-      ASSERT_NE(t, nullptr) << tp.name;
-      ASSERT_EQ(t->type, tp.to) << tp.name;
-      ASSERT_EQ(t->ne, tp.ne);
-      const Tensor* src = nullptr;
-      ForEachWeightTensor(w, [&](const std::string& n, const Tensor& s) {
-        if (n == tp.name) src = &s;
-      });
-      ASSERT_NE(src, nullptr);
-      const int64_t cols = t->cols();
-      std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(cols));
-      std::vector<uint8_t> want(RowBytes(tp.to, cols));
-      double err2 = 0, sum2 = 0;
-      for (int64_t r = 0; r < t->rows(); ++r) {
-        cpu::DequantizeRow(src->type, src->row(r), x.data(), cols);
-        cpu::QuantizeRow(tp.to, x.data(), want.data(), cols);
-        ASSERT_EQ(0, std::memcmp(want.data(), t->row(r), want.size())) << tp.name << " row " << r;
-        cpu::DequantizeRow(t->type, t->row(r), y.data(), cols);
-        for (int64_t k = 0; k < cols; ++k) {
-          err2 += (x[k] - y[k]) * static_cast<double>(x[k] - y[k]);
-          sum2 += x[k] * static_cast<double>(x[k]);
-        }
-      }
-      if (tp.to != DType::kF32) {
-        EXPECT_LE(std::sqrt(err2 / sum2), RmsBound(tp.to)) << tp.name;
-      }
-    }
+  for (const char* recipe : {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "f16", "bf16"})
+    QuantizeAndCheck(w, recipe, dir);
+}
+
+// f16 and bf16 files quantize from their decoded values, and convert to
+// f32 and to each other.
+TEST(Quantize, F16AndBf16SourcesQuantizeFromTheirDecodedValues) {
+  for (DType from : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(from));
+    const std::string dir = testing::MakeTempDir("strata-quantize-from-");
+    ModelWeights w = Synth(Shape(256, 2, 512, 512), from);
+    for (const char* recipe : {"q8_0", "q4_k", "q6_k", "q4_k_m", "f32", "f16", "bf16"}) QuantizeAndCheck(w, recipe, dir);
   }
+}
+
+// qwen2 is NeoX in GGUF too: its Q/K rows and biases are written as they
+// are (row r from row r, checked by the bytes), the biases keep f32, and
+// the f32 copy computes the same logits.
+TEST(Quantize, Qwen2KeepsItsPairingAndBiases) {
+  const std::string dir = testing::MakeTempDir("strata-quantize-qwen2-");
+  ModelConfig c = Shape(256, 2, 512, 512);
+  c.arch = "qwen2";
+  c.rope_style = RopeStyle::kNeox;
+  c.qkv_bias = true;
+  const ModelWeights w = Synth(c);
+  for (const char* recipe : {"q8_0", "q4_k_m", "f32"}) QuantizeAndCheck(w, recipe, dir);
+  auto m = LoadModel(dir + "/f32.gguf");
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ((*m)->weights.config.rope_style, RopeStyle::kNeox);
+  EXPECT_TRUE((*m)->weights.config.qkv_bias);
+  EXPECT_LT(MaxLogitDiff(w, (*m)->weights), 1e-4);
 }
 
 double MaxLogitDiff(const ModelWeights& a, const ModelWeights& b) {
@@ -232,6 +273,7 @@ TEST(Quantize, ANeoxLlamaIsWrittenWithItsQKRowsInTheInterleavedPairing) {
   const std::string dir = testing::MakeTempDir("strata-quantize-neox-");
   ModelConfig c = Shape(64, 2, 128, 64);
   c.rope_style = RopeStyle::kNeox;
+  c.qkv_bias = true;  // the biases of Q and K are permuted too
   const ModelWeights w = Synth(c);
   auto f32 = PlanQuantization(w, "f32", false);
   ASSERT_TRUE(f32);
