@@ -1,7 +1,9 @@
 // strata model quantize's library: the per-tensor plan (pure types, the
-// q4_k_m recipe, the fallback rule, requantizing refused) and the file it
-// writes (bytes equal to the reference quantizers', values within each
-// format's error bound, loadable).
+// q4_k_m recipe with its 70B rule, the fallback rule, requantizing refused)
+// and the file it writes (bytes equal to the reference quantizers', values
+// within each format's error bound, loadable) from f32, f16 and bf16
+// sources, llama and qwen2, with a NeoX llama's Q/K permuted to GGUF's
+// pairing.
 
 #include "model/quantize.h"
 
