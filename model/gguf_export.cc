@@ -42,16 +42,38 @@ void AddConfig(const ModelConfig& c, const std::string& name, GgufWriter* w) {
 // pairing, as llama.cpp's converter does: the same function.
 bool NeedsInterleaving(const ModelConfig& c) { return c.rope_style == RopeStyle::kNeox && c.arch != "qwen2"; }
 
-// `permute`: whether the caller writes Q/K permuted (NeedsInterleaving).
-Status CheckWritable(const ModelConfig& c, bool permute) {
+// `full`: the caller writes Q/K permuted (NeedsInterleaving) and Llama-3
+// scaling as a rope_freqs tensor (RopeFreqFactors); the synthetic writer
+// does neither.
+Status CheckWritable(const ModelConfig& c, bool full) {
+  const bool permute = full;
   STRATA_RETURN_IF_ERROR(c.Validate());
-  if (c.rope_scaling.type == RopeScaling::Type::kLlama3)
-    return Status::Unsupported("writing Llama-3 RoPE scaling to GGUF (a rope_freqs tensor) is not implemented");
+  if (c.rope_scaling.type == RopeScaling::Type::kLlama3 && !full)
+    return Status::Unsupported("writing Llama-3 RoPE scaling to GGUF (a rope_freqs tensor) is not implemented here");
   const bool neox = c.rope_style == RopeStyle::kNeox;
   if (neox != (c.arch == "qwen2") && !(permute && NeedsInterleaving(c)))
     return Status::Unsupported("GGUF '" + c.arch + "' implies " + (neox ? "interleaved" : "NeoX") +
                                " RoPE; these weights use the other pairing (convert Q/K first)");
   return Status::Ok();
+}
+
+// GGUF carries Llama-3 RoPE scaling as per-frequency divisors (tensor
+// rope_freqs.weight, head_dim/2 f32; llama.cpp divides each frequency by
+// its entry): the unscaled frequency ÷ the one `c` computes. Empty when `c`
+// scales by a single factor or not at all (the keys say that).
+std::vector<float> RopeFreqFactors(const ModelConfig& c) {
+  if (c.rope_scaling.type != RopeScaling::Type::kLlama3 && c.rope_freq_factors.empty()) return {};
+  const int half = c.head_dim / 2;
+  ModelConfig plain = c;
+  plain.rope_scaling = RopeScaling{};
+  plain.rope_freq_factors.clear();
+  std::vector<float> base(static_cast<size_t>(half)), scaled(static_cast<size_t>(half)), out(static_cast<size_t>(half));
+  ComputeRopeInvFreq(plain, base.data());
+  ComputeRopeInvFreq(c, scaled.data());
+  for (int i = 0; i < half; ++i)
+    out[static_cast<size_t>(i)] = static_cast<float>(static_cast<double>(base[static_cast<size_t>(i)]) /
+                                                     static_cast<double>(scaled[static_cast<size_t>(i)]));
+  return out;
 }
 
 // The heads of tensor `name` whose rows (or, for a bias, elements) go from
@@ -143,12 +165,18 @@ Status ProduceConverted(const Tensor& t, DType to, int head_dim, ThreadPool* poo
 Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std::string& path,
                       const GgufExportOptions& opt) {
   const ModelConfig& c = w.config;
-  STRATA_RETURN_IF_ERROR(CheckWritable(c, /*permute=*/true));
+  STRATA_RETURN_IF_ERROR(CheckWritable(c, /*full=*/true));
   STRATA_RETURN_IF_ERROR(CheckTokenizerWritable(tok));
   GgufWriter out;
   AddConfig(c, c.name.empty() ? "strata-model" : c.name, &out);
   if (opt.synthetic) out.SetBool("strata.synthetic", true);
   AddTokenizerToGguf(tok, &out);
+  if (std::vector<float> f = RopeFreqFactors(c); !f.empty()) {
+    const auto n = static_cast<int64_t>(f.size());
+    std::vector<uint8_t> bytes(f.size() * sizeof(float));
+    std::memcpy(bytes.data(), f.data(), bytes.size());
+    STRATA_RETURN_IF_ERROR(out.AddTensorOwned("rope_freqs.weight", DType::kF32, {n}, std::move(bytes)));
+  }
   std::unique_ptr<ThreadPool> pool;
   if (opt.threads > 1) pool = std::make_unique<ThreadPool>(opt.threads, 0);
   Status st;
@@ -195,7 +223,7 @@ Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std
 
 Status WriteSyntheticGguf(const ModelConfig& c, const TokenizerSpec& tok, const SynthOptions& opt,
                           const std::string& path) {
-  STRATA_RETURN_IF_ERROR(CheckWritable(c, /*permute=*/false));
+  STRATA_RETURN_IF_ERROR(CheckWritable(c, /*full=*/false));
   STRATA_RETURN_IF_ERROR(CheckTokenizerWritable(tok));
   if (static_cast<int>(tok.tokens.size()) != c.vocab_size)
     return Status::InvalidArgument("vocabulary has " + std::to_string(tok.tokens.size()) +

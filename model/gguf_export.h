@@ -25,7 +25,9 @@ struct GgufExportOptions {
 // The same, with tensors converted as `opt` says (while writing: `w`'s
 // storage is read until this returns). InvalidArgument when a tensor's rows
 // do not divide into its new type's blocks; Unsupported for weights GGUF
-// cannot carry (Llama-3 RoPE scaling; interleaved pairing under qwen2).
+// cannot carry (interleaved pairing under qwen2). Llama-3 RoPE scaling (or
+// a GGUF source's per-frequency factors) is written as the rope_freqs
+// tensor llama.cpp reads.
 // Weights in the NeoX RoPE pairing under arch llama/mistral (a Hugging Face
 // Llama directory, as it loads) are written with their attn_q/attn_k rows
 // (and biases) permuted to the interleaved pairing GGUF llama implies, as

@@ -311,5 +311,43 @@ TEST(Quantize, ANeoxLlamaIsWrittenWithItsQKRowsInTheInterleavedPairing) {
   EXPECT_EQ(compared, static_cast<int>(tb.size()));
 }
 
+// GGUF carries Llama-3 RoPE scaling (a Hugging Face Llama 3.x directory's
+// rope_scaling) as the rope_freqs tensor: the file's frequencies are the
+// original's, and a GGUF file with that tensor keeps it when quantized.
+TEST(Quantize, Llama3RopeScalingIsWrittenAsRopeFreqs) {
+  const std::string dir = testing::MakeTempDir("strata-quantize-rope-");
+  ModelConfig c = Shape(256, 2, 256, 64);
+  c.head_dim = 128;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.rope_theta = 500000.0f;
+  c.rope_scaling.type = RopeScaling::Type::kLlama3;
+  c.rope_scaling.factor = 8.0f;
+  const ModelWeights w = Synth(c);
+  const size_t half = static_cast<size_t>(c.head_dim / 2);
+  std::vector<float> want(half), plain(half), got(half), again(half);
+  ComputeRopeInvFreq(c, want.data());
+  ModelConfig unscaled = c;
+  unscaled.rope_scaling = RopeScaling{};
+  ComputeRopeInvFreq(unscaled, plain.data());
+  EXPECT_NEAR(plain[half - 1] / want[half - 1], 8.0, 1e-3);  // the scaling matters at this width
+
+  auto plan = PlanQuantization(w, "q8_0", false);
+  ASSERT_TRUE(plan);
+  ASSERT_TRUE(WriteQuantizedGguf(w, SyntheticVocab(64), *plan, true, 1, dir + "/a.gguf").ok());
+  auto a = LoadModel(dir + "/a.gguf");
+  ASSERT_TRUE(a) << a.error().ToString();
+  ComputeRopeInvFreq((*a)->weights.config, got.data());
+  for (size_t i = 0; i < half; ++i) EXPECT_NEAR(got[i] / want[i], 1.0, 1e-6) << i;
+
+  auto plan_b = PlanQuantization((*a)->weights, "q8_0", false);
+  ASSERT_TRUE(plan_b);
+  ASSERT_TRUE(WriteQuantizedGguf((*a)->weights, SyntheticVocab(64), *plan_b, true, 1, dir + "/b.gguf").ok());
+  auto b = LoadModel(dir + "/b.gguf");
+  ASSERT_TRUE(b) << b.error().ToString();
+  ComputeRopeInvFreq((*b)->weights.config, again.data());
+  for (size_t i = 0; i < half; ++i) EXPECT_EQ(again[i], got[i]) << i;
+}
+
 }  // namespace
 }  // namespace strata
