@@ -10,8 +10,9 @@
 // and reports the step's cost from the CostModel.
 //
 // Event loop: requests are released at their trace timestamps (x time_scale)
-// to a built-in router (round-robin, or longest cached prefix by
-// KvManager::Match), and the instance that becomes free earliest takes the
+// to the router component live routers use (scheduler::Router: round-robin,
+// least-loaded, longest cached prefix by KvManager::Match, or ttft), and the
+// instance that becomes free earliest takes the
 // next step: the clock is set to its free time, Step() runs, and the instance
 // is busy until that time + the step's cost, when the step's tokens count as
 // produced. An instance waiting only on tier loads wakes at the load's
