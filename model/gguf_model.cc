@@ -122,18 +122,8 @@ Result<ModelWeights> WeightsFromGguf(std::shared_ptr<const GgufFile> f) {
   w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int i = 0; i < c.n_layers; ++i) {
     LayerWeights& l = w.layers[static_cast<size_t>(i)];
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "attn_norm.weight"), true, &l.attn_norm));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "attn_q.weight"), true, &l.wq));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "attn_k.weight"), true, &l.wk));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "attn_v.weight"), true, &l.wv));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "attn_output.weight"), true, &l.wo));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "attn_q.bias"), c.qkv_bias, &l.bq));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "attn_k.bias"), c.qkv_bias, &l.bk));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "attn_v.bias"), c.qkv_bias, &l.bv));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "ffn_norm.weight"), true, &l.ffn_norm));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "ffn_gate.weight"), true, &l.w_gate));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "ffn_up.weight"), true, &l.w_up));
-    STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, "ffn_down.weight"), true, &l.w_down));
+    for (const LayerTensorInfo& info : kLayerTensors)
+      STRATA_RETURN_IF_ERROR(get(GgufLayerTensorName(i, info.name), info.Present(c), &(l.*info.member)));
   }
   STRATA_RETURN_IF_ERROR(ValidateWeights(w).WithContext(f->origin()));
   w.digest = ComputeWeightsDigest(w);

@@ -125,18 +125,9 @@ Result<ModelWeights> MakeSyntheticWeights(const ModelConfig& c, const SynthOptio
     int layer = std::stoi(name.substr(4));
     std::string rest = name.substr(name.find('.', 4) + 1);
     LayerWeights& l = w.layers[static_cast<size_t>(layer)];
-    if (rest == "attn_norm.weight") return &l.attn_norm;
-    if (rest == "attn_q.weight") return &l.wq;
-    if (rest == "attn_k.weight") return &l.wk;
-    if (rest == "attn_v.weight") return &l.wv;
-    if (rest == "attn_q.bias") return &l.bq;
-    if (rest == "attn_k.bias") return &l.bk;
-    if (rest == "attn_v.bias") return &l.bv;
-    if (rest == "attn_output.weight") return &l.wo;
-    if (rest == "ffn_norm.weight") return &l.ffn_norm;
-    if (rest == "ffn_gate.weight") return &l.w_gate;
-    if (rest == "ffn_up.weight") return &l.w_up;
-    return &l.w_down;
+    for (const LayerTensorInfo& info : kLayerTensors)
+      if (rest == info.name) return &(l.*info.member);
+    return nullptr;  // ForEachModelTensor names only kLayerTensors
   };
   ForEachModelTensor(c, [&](const std::string& name, char kind, const std::vector<int64_t>& ne) {
     DType type = (kind == 'n' || kind == 'b') ? DType::kF32 : SynthTensorType(opt.dtype, ne[0]);

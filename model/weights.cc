@@ -14,10 +14,8 @@ std::string Shape(const Tensor& t) {
   return s + "}";
 }
 
-Status Expect(const Tensor& t, const std::string& what, std::initializer_list<int64_t> shape,
-              bool small) {
+Status Expect(const Tensor& t, const std::string& what, const std::vector<int64_t>& want, bool small) {
   if (!t.present()) return Status::NotFound("tensor '" + what + "' is missing");
-  std::vector<int64_t> want(shape);
   if (t.ne != want) {
     Tensor w;
     w.ne = want;
@@ -69,6 +67,26 @@ std::string ComputeWeightsDigest(const ModelWeights& w) {
   return ToHex(h.Finish());
 }
 
+std::vector<int64_t> LayerTensorInfo::Shape(const ModelConfig& c) const {
+  auto size = [&](Dim d) -> int64_t {
+    switch (d) {
+      case Dim::kModel:
+        return c.dim;
+      case Dim::kQ:
+        return c.q_dim();
+      case Dim::kKv:
+        return c.kv_dim();
+      case Dim::kFfn:
+        return c.ffn_dim;
+      case Dim::kNone:
+        break;
+    }
+    return 0;
+  };
+  if (ne1 == Dim::kNone) return {size(ne0)};
+  return {size(ne0), size(ne1)};
+}
+
 Status ValidateWeights(const ModelWeights& w) {
   const ModelConfig& c = w.config;
   STRATA_RETURN_IF_ERROR(c.Validate());
@@ -80,21 +98,14 @@ Status ValidateWeights(const ModelWeights& w) {
                            std::to_string(c.n_layers));
   for (int i = 0; i < c.n_layers; ++i) {
     const LayerWeights& l = w.layers[i];
-    std::string p = "blk." + std::to_string(i) + ".";
-    STRATA_RETURN_IF_ERROR(Expect(l.attn_norm, p + "attn_norm", {c.dim}, true));
-    STRATA_RETURN_IF_ERROR(Expect(l.wq, p + "attn_q", {c.dim, c.q_dim()}, false));
-    STRATA_RETURN_IF_ERROR(Expect(l.wk, p + "attn_k", {c.dim, c.kv_dim()}, false));
-    STRATA_RETURN_IF_ERROR(Expect(l.wv, p + "attn_v", {c.dim, c.kv_dim()}, false));
-    STRATA_RETURN_IF_ERROR(Expect(l.wo, p + "attn_output", {c.q_dim(), c.dim}, false));
-    if (c.qkv_bias) {
-      STRATA_RETURN_IF_ERROR(Expect(l.bq, p + "attn_q.bias", {c.q_dim()}, true));
-      STRATA_RETURN_IF_ERROR(Expect(l.bk, p + "attn_k.bias", {c.kv_dim()}, true));
-      STRATA_RETURN_IF_ERROR(Expect(l.bv, p + "attn_v.bias", {c.kv_dim()}, true));
+    const std::string p = "blk." + std::to_string(i) + ".";
+    for (const LayerTensorInfo& info : kLayerTensors) {
+      if (!info.Present(c)) continue;
+      // Named as before: "blk.0.attn_q" for a matrix or norm, "blk.0.attn_q.bias" for a bias.
+      std::string name = p + info.name;
+      if (name.ends_with(".weight")) name.resize(name.size() - 7);
+      STRATA_RETURN_IF_ERROR(Expect(l.*info.member, name, info.Shape(c), info.kind != LayerTensorInfo::Kind::kMatrix));
     }
-    STRATA_RETURN_IF_ERROR(Expect(l.ffn_norm, p + "ffn_norm", {c.dim}, true));
-    STRATA_RETURN_IF_ERROR(Expect(l.w_gate, p + "ffn_gate", {c.dim, c.ffn_dim}, false));
-    STRATA_RETURN_IF_ERROR(Expect(l.w_up, p + "ffn_up", {c.dim, c.ffn_dim}, false));
-    STRATA_RETURN_IF_ERROR(Expect(l.w_down, p + "ffn_down", {c.ffn_dim, c.dim}, false));
   }
   return Status::Ok();
 }

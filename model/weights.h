@@ -23,6 +23,46 @@ struct LayerWeights {
   Tensor w_gate, w_up, w_down;  // {dim, ffn}, {dim, ffn}, {ffn, dim}
 };
 
+// The one list of a layer's tensors, in GGUF file order: the name after
+// "blk.N.", the member, its kind and its shape (GGUF order: ne[0] = row
+// width). Loading, validation, enumeration and synthesis all read it.
+struct LayerTensorInfo {
+  enum class Kind { kNorm, kMatrix, kBias };  // a bias exists only with config.qkv_bias
+  enum class Dim { kNone, kModel, kQ, kKv, kFfn };
+  const char* name;
+  Tensor LayerWeights::*member;
+  Kind kind;
+  Dim ne0, ne1;  // ne1 kNone: one dimension
+  std::vector<int64_t> Shape(const ModelConfig& c) const;
+  bool Present(const ModelConfig& c) const { return kind != Kind::kBias || c.qkv_bias; }
+};
+inline constexpr LayerTensorInfo kLayerTensors[] = {
+    {"attn_norm.weight", &LayerWeights::attn_norm, LayerTensorInfo::Kind::kNorm, LayerTensorInfo::Dim::kModel,
+     LayerTensorInfo::Dim::kNone},
+    {"attn_q.weight", &LayerWeights::wq, LayerTensorInfo::Kind::kMatrix, LayerTensorInfo::Dim::kModel,
+     LayerTensorInfo::Dim::kQ},
+    {"attn_k.weight", &LayerWeights::wk, LayerTensorInfo::Kind::kMatrix, LayerTensorInfo::Dim::kModel,
+     LayerTensorInfo::Dim::kKv},
+    {"attn_v.weight", &LayerWeights::wv, LayerTensorInfo::Kind::kMatrix, LayerTensorInfo::Dim::kModel,
+     LayerTensorInfo::Dim::kKv},
+    {"attn_q.bias", &LayerWeights::bq, LayerTensorInfo::Kind::kBias, LayerTensorInfo::Dim::kQ,
+     LayerTensorInfo::Dim::kNone},
+    {"attn_k.bias", &LayerWeights::bk, LayerTensorInfo::Kind::kBias, LayerTensorInfo::Dim::kKv,
+     LayerTensorInfo::Dim::kNone},
+    {"attn_v.bias", &LayerWeights::bv, LayerTensorInfo::Kind::kBias, LayerTensorInfo::Dim::kKv,
+     LayerTensorInfo::Dim::kNone},
+    {"attn_output.weight", &LayerWeights::wo, LayerTensorInfo::Kind::kMatrix, LayerTensorInfo::Dim::kQ,
+     LayerTensorInfo::Dim::kModel},
+    {"ffn_norm.weight", &LayerWeights::ffn_norm, LayerTensorInfo::Kind::kNorm, LayerTensorInfo::Dim::kModel,
+     LayerTensorInfo::Dim::kNone},
+    {"ffn_gate.weight", &LayerWeights::w_gate, LayerTensorInfo::Kind::kMatrix, LayerTensorInfo::Dim::kModel,
+     LayerTensorInfo::Dim::kFfn},
+    {"ffn_up.weight", &LayerWeights::w_up, LayerTensorInfo::Kind::kMatrix, LayerTensorInfo::Dim::kModel,
+     LayerTensorInfo::Dim::kFfn},
+    {"ffn_down.weight", &LayerWeights::w_down, LayerTensorInfo::Kind::kMatrix, LayerTensorInfo::Dim::kFfn,
+     LayerTensorInfo::Dim::kModel},
+};
+
 struct ModelWeights {
   ModelWeights() = default;
   ModelWeights(ModelWeights&&) = default;
@@ -70,18 +110,7 @@ void ForEachWeightTensor(const ModelWeights& w, Fn&& fn) {
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& l = w.layers[i];
     const std::string p = "blk." + std::to_string(i) + ".";
-    add(p + "attn_norm.weight", l.attn_norm);
-    add(p + "attn_q.weight", l.wq);
-    add(p + "attn_k.weight", l.wk);
-    add(p + "attn_v.weight", l.wv);
-    add(p + "attn_q.bias", l.bq);
-    add(p + "attn_k.bias", l.bk);
-    add(p + "attn_v.bias", l.bv);
-    add(p + "attn_output.weight", l.wo);
-    add(p + "ffn_norm.weight", l.ffn_norm);
-    add(p + "ffn_gate.weight", l.w_gate);
-    add(p + "ffn_up.weight", l.w_up);
-    add(p + "ffn_down.weight", l.w_down);
+    for (const LayerTensorInfo& info : kLayerTensors) add(p + info.name, l.*info.member);
   }
   add("output_norm.weight", w.output_norm);
   if (!w.config.tied_embeddings) add("output.weight", w.output);
