@@ -20,6 +20,7 @@
 #include "model/backend/cpu/matmul.h"
 #include "model/backend/cpu/matmul_internal.h"
 #include "model/backend/cpu/quant.h"
+#include "tests/support/test_weights.h"
 
 namespace strata::cpu::internal {
 namespace {
@@ -48,22 +49,13 @@ std::vector<SimdLevel> Levels() {
   return v;
 }
 
-struct Weight {
-  std::vector<uint8_t> bytes;
-  Tensor tensor;
-};
+using Weight = testing::TestWeight;
 
+// testing::MakeTestWeight's weight (its `dense` is not kept up to date with
+// the codes patched below: these tests decode `bytes` themselves).
 Weight MakeWeight(DType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<float> src(static_cast<size_t>(rows * cols));
-  for (auto& v : src) v = g(rng);
-  Weight w;
+  Weight w = testing::MakeTestWeight(type, rows, cols, seed);
   const size_t row_bytes = RowBytes(type, cols);
-  w.bytes.resize(row_bytes * rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    QuantizeRow(type, src.data() + r * cols, w.bytes.data() + r * row_bytes, cols);
-  }
   // Extreme codes too: a Q8_0 weight of -128 (never written by the quantizer
   // but legal in a file) and a zero block.
   if (type == DType::kQ8_0 && rows > 1) {
@@ -72,19 +64,11 @@ Weight MakeWeight(DType type, int64_t rows, int64_t cols, uint32_t seed) {
     auto* zero = reinterpret_cast<BlockQ8_0*>(w.bytes.data());
     for (int8_t& q : zero->qs) q = 0;
   }
-  w.tensor.name = "w";
-  w.tensor.type = type;
-  w.tensor.ne = {cols, rows};
-  w.tensor.data = w.bytes.data();
-  w.tensor.nbytes = w.bytes.size();
   return w;
 }
 
 std::vector<float> RandomX(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = g(rng);
+  std::vector<float> x = testing::GaussianVector(n, seed);
   // A block of outliers, as activations have.
   if (n >= 64) x[40] = 25.f;
   return x;

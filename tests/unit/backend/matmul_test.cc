@@ -13,6 +13,7 @@
 #include "model/backend/cpu/cpu_features.h"
 #include "model/backend/cpu/matmul_internal.h"
 #include "model/backend/cpu/quant.h"
+#include "tests/support/test_weights.h"
 
 namespace strata::cpu {
 namespace {
@@ -46,42 +47,11 @@ class LevelScope {
   ~LevelScope() { SetSimdLevelOverride(std::nullopt); }
 };
 
-// A weight of `rows` x `cols` random Gaussian values stored as `type`, with
-// its exact f32 decode.
-struct TestWeight {
-  std::vector<uint8_t> bytes;
-  std::vector<float> dense;  // DequantizeRow of bytes
-  Tensor tensor;
-};
-
+using testing::TestWeight;
 TestWeight MakeWeight(DType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<float> src(rows * cols);
-  for (auto& v : src) v = g(rng);
-  TestWeight w;
-  const size_t row_bytes = RowBytes(type, cols);
-  w.bytes.resize(row_bytes * rows);
-  w.dense.resize(rows * cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    QuantizeRow(type, src.data() + r * cols, w.bytes.data() + r * row_bytes, cols);
-    DequantizeRow(type, w.bytes.data() + r * row_bytes, w.dense.data() + r * cols, cols);
-  }
-  w.tensor.name = "w";
-  w.tensor.type = type;
-  w.tensor.ne = {cols, rows};
-  w.tensor.data = w.bytes.data();
-  w.tensor.nbytes = w.bytes.size();
-  return w;
+  return testing::MakeTestWeight(type, rows, cols, seed);
 }
-
-std::vector<float> RandomX(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<float> x(n);
-  for (auto& v : x) v = g(rng);
-  return x;
-}
+std::vector<float> RandomX(int64_t n, uint32_t seed) { return testing::GaussianVector(n, seed); }
 
 // The double-precision product of the decoded weights, and for each output
 // the scale of a float dot product's rounding error: sum |w_k x_k| (plain
