@@ -310,6 +310,45 @@ TEST_F(EngineClientTest, ACacheLookupIsAnsweredInTheMiddleOfAForwardPass) {
   EXPECT_EQ(match->tokens_by_tier[0], whole_blocks);
 }
 
+// Lookups from another thread while requests run (their forward passes
+// and their blocks' commits and evictions): every lookup is answered, and
+// the requests generate what they generate alone. (Run under TSan too.)
+TEST_F(EngineClientTest, LookupsWhileRequestsRunChangeNothing) {
+  engine_->Start();
+  auto run = [&](bool with_lookups) {
+    std::vector<Stream> streams(4);
+    std::atomic<bool> done{false};
+    std::atomic<int> answered{0}, asked{0};
+    std::thread looker([&] {
+      while (with_lookups && !done.load()) {
+        if (client_->LookupCache(prompt_, "", [&](const CacheMatch& m) {
+              EXPECT_LE(m.cached_tokens, static_cast<int32_t>(prompt_.size()));
+              ++answered;
+            }))
+          ++asked;
+      }
+    });
+    for (Stream& s : streams) Submit(Request(12), &s);
+    for (Stream& s : streams) {
+      std::unique_lock<std::mutex> lock(s.mu);
+      EXPECT_TRUE(s.cv.wait_for(lock, std::chrono::seconds(60), [&] { return s.finals == 1; }));
+    }
+    done = true;
+    looker.join();
+    if (with_lookups) {
+      EXPECT_GT(asked.load(), 0);
+      EXPECT_EQ(answered.load(), asked.load());  // answered inside the call
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (Stream& s : streams) out.push_back(s.tokens);
+    return out;
+  };
+  const auto alone = run(false);
+  const auto looked = run(true);
+  EXPECT_EQ(alone, looked);
+  for (const auto& t : alone) EXPECT_EQ(t.size(), 12u);
+}
+
 TEST_F(EngineClientTest, AHeldRequestGeneratesNothingUntilReleased) {
   Stream s, other;
   const RequestId id = Submit(Request(20), &s);
