@@ -226,8 +226,10 @@ TEST(RouterFaults, AClientThatHangsUpMidPrefillOrMidDecodeFreesEveryBlock) {
   auto quick = HttpCall("127.0.0.1", rp, "POST", "/v1/completions",
                         json{{"model", "tiny"}, {"prompt", Prompt(4, 400)}, {"max_tokens", 50}}.dump(), {}, 0.1);
   EXPECT_FALSE(quick.ok()) << "answered within 0.1 s";
-  // Mid-decode: leave after the first chunks of a long answer.
-  json body = {{"model", "tiny"}, {"prompt", Prompt(3, 100)}, {"max_tokens", 200}, {"stream", true}};
+  // Mid-decode: leave after the first chunks of a long answer (ignore_eos:
+  // a sampled end of text must not finish it before the client leaves).
+  json body = {{"model", "tiny"}, {"prompt", Prompt(3, 100)}, {"max_tokens", 200}, {"stream", true},
+               {"ignore_eos", true}};
   int chunks = 0;
   auto r = HttpStream("127.0.0.1", rp, "POST", "/v1/completions", body.dump(), {},
                       [&](std::string_view) { return ++chunks < 3; });

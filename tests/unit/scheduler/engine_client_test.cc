@@ -328,6 +328,8 @@ TEST_F(EngineClientTest, LookupsWhileRequestsRunChangeNothing) {
           ++asked;
       }
     });
+    // The requests start once the lookups are under way.
+    while (with_lookups && asked.load() == 0) std::this_thread::yield();
     for (Stream& s : streams) Submit(Request(12), &s);
     for (Stream& s : streams) {
       std::unique_lock<std::mutex> lock(s.mu);
