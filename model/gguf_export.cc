@@ -46,12 +46,11 @@ bool NeedsInterleaving(const ModelConfig& c) { return c.rope_style == RopeStyle:
 // scaling as a rope_freqs tensor (RopeFreqFactors); the synthetic writer
 // does neither.
 Status CheckWritable(const ModelConfig& c, bool full) {
-  const bool permute = full;
   STRATA_RETURN_IF_ERROR(c.Validate());
   if (c.rope_scaling.type == RopeScaling::Type::kLlama3 && !full)
     return Status::Unsupported("writing Llama-3 RoPE scaling to GGUF (a rope_freqs tensor) is not implemented here");
   const bool neox = c.rope_style == RopeStyle::kNeox;
-  if (neox != (c.arch == "qwen2") && !(permute && NeedsInterleaving(c)))
+  if (neox != (c.arch == "qwen2") && !(full && NeedsInterleaving(c)))
     return Status::Unsupported("GGUF '" + c.arch + "' implies " + (neox ? "interleaved" : "NeoX") +
                                " RoPE; these weights use the other pairing (convert Q/K first)");
   return Status::Ok();
