@@ -32,7 +32,7 @@ void Merge(scheduler::RequestOutput& m, scheduler::RequestOutput&& ev) {
 
 PdPrefill::PdPrefill(PostFn post, scheduler::EngineClient* engine, kvcache::KvManager* kv,
                      transfer::TransferEngine* xfer, SegmentId device_segment, uint64_t block_bytes, int block_size,
-                     std::chrono::milliseconds write_timeout)
+                     std::chrono::milliseconds write_timeout, std::chrono::milliseconds grants_timeout)
     : post_(std::move(post)),
       engine_(engine),
       kv_(kv),
@@ -40,16 +40,25 @@ PdPrefill::PdPrefill(PostFn post, scheduler::EngineClient* engine, kvcache::KvMa
       segment_(device_segment),
       block_bytes_(block_bytes),
       block_size_(block_size),
-      write_timeout_(write_timeout) {
+      write_timeout_(write_timeout),
+      grants_timeout_(grants_timeout) {
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 
 PdPrefill::~PdPrefill() { Stop(); }
 
 void PdPrefill::Stop() {
+  std::map<uint64_t, std::shared_ptr<Flight>> waiting;
   {
     std::lock_guard lock(mu_);
     if (stop_) return;
+    waiting.swap(waiting_);
+  }
+  // The engine has stopped (the server stops it first): nothing else
+  // touches these flights now. Those still waiting for grants answer.
+  for (auto& [key, f] : waiting) Expire(f, "the instance is stopping");
+  {
+    std::lock_guard lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -63,6 +72,7 @@ PdPrefillStats PdPrefill::stats() const {
 
 bool PdPrefill::Handle(const std::string& method, const std::string& path, const std::string& body, ReplyFn reply,
                        std::function<void(std::function<void()>)> on_close) {
+  if (method == "POST" && path == "/internal/pd/grants") return Grants(body, reply), true;
   if (method != "POST" || path != "/internal/pd/prefill") return false;
   if (draining_.load()) return reply(503, ErrorJson("the instance is draining: prefill elsewhere")), true;
   auto req = PrefillRequestFromJson(body);
@@ -71,18 +81,29 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
   f->decode = std::move(req->decode);
   f->request = std::move(req->request);
   f->reply = std::move(reply);
-  // Open the grants now (blocking round trips), so that blocks can go out
-  // from the engine thread as soon as they are full. A failure is answered
-  // at the end: nothing lands, the decode instance recomputes.
-  if (!f->decode.grants.empty()) {
-    auto peer = xfer_->Connect(f->decode.transfer);
-    if (!peer.ok()) f->open_error = peer.error();
-    for (size_t i = 0; f->open_error.ok() && i < f->decode.grants.size(); ++i) {
-      auto h = xfer_->OpenGrant(*peer, f->decode.grants[i]);
-      if (!h.ok()) f->open_error = h.error();
-      else f->remote.push_back(*h);
+  f->grants_key = req->grants_key;
+  std::optional<GrantsMessage> came;
+  if (f->grants_key != 0) {
+    // The grants follow (Grants): until then blocks are only counted.
+    std::lock_guard lock(mu_);
+    if (auto it = early_.find(f->grants_key); it != early_.end()) {
+      came = std::move(it->second.first);  // they overtook this request
+      early_.erase(it);
+    } else if (!waiting_.emplace(f->grants_key, f).second) {
+      return f->reply(409, ErrorJson("a prefill with grants key " + std::to_string(f->grants_key) + " is running")),
+             true;
+    } else {
+      f->grants_ready = false;
     }
-    if (!f->open_error.ok()) f->remote.clear();
+  }
+  if (came) {
+    if (came->decode) f->decode = std::move(*came->decode);
+    OpenGrants(f->decode, &f->remote, &f->open_error);
+  } else if (f->grants_key == 0) {
+    // Open the grants now (blocking round trips), so that blocks can go out
+    // from the engine thread as soon as they are full. A failure is answered
+    // at the end: nothing lands, the decode instance recomputes.
+    OpenGrants(f->decode, &f->remote, &f->open_error);
   }
   scheduler::EngineRequest run = f->request;
   run.pause_after = static_cast<int>(run.continuation.generated.size()) + 1;
@@ -91,6 +112,7 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
     // with the call, so no block waits for it.
     uint64_t expected = 0;
     f->engine_id.compare_exchange_strong(expected, id.value());
+    f->computed = computed;
     const auto table = kv_->BlockTable(id);
     const int32_t full = std::min(computed / block_size_, static_cast<int32_t>(table.size()));
     const uint64_t before = f->checksums.size();
@@ -125,6 +147,10 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
   };
   auto id = engine_->Submit(std::move(run), sink);
   if (!id.ok()) {
+    if (f->grants_key != 0) {
+      std::lock_guard lock(mu_);
+      waiting_.erase(f->grants_key);
+    }
     f->reply(id.error().code() == StatusCode::kInvalidArgument ? 400 : 503, ErrorJson(id.error().message()));
     return true;
   }
@@ -199,10 +225,90 @@ void PdPrefill::HandOver(const std::shared_ptr<Flight>& f) {
     const int32_t have = r->held_blocks;  // computed here and still named
     Send(*f, std::min(have, f->decode.blocks), [r](int32_t i) { return r->blocks[static_cast<size_t>(i)].value(); });
   }
+  if (!f->grants_ready) {
+    // The grants are still to come: ApplyGrants (or Expire) answers.
+    f->handed_over = true;
+    std::lock_guard lock(mu_);
+    f->deadline = std::chrono::steady_clock::now() + grants_timeout_;
+    cv_.notify_all();
+    return;
+  }
   Queue(f);
 }
 
+void PdPrefill::OpenGrants(const ReserveReply& decode, std::vector<transfer::RemoteHandle>* remote, Status* error) {
+  if (decode.grants.empty()) return;
+  auto peer = xfer_->Connect(decode.transfer);
+  if (!peer.ok()) *error = peer.error();
+  for (size_t i = 0; error->ok() && i < decode.grants.size(); ++i) {
+    auto h = xfer_->OpenGrant(*peer, decode.grants[i]);
+    if (!h.ok()) *error = h.error();
+    else remote->push_back(*h);
+  }
+  if (!error->ok()) remote->clear();
+}
+
+void PdPrefill::Grants(const std::string& body, const ReplyFn& reply) {
+  auto m = GrantsMessageFromJson(body);
+  if (!m.ok()) return reply(400, ErrorJson(m.error().message()));
+  std::shared_ptr<Flight> f;
+  {
+    std::lock_guard lock(mu_);
+    auto it = waiting_.find(m->key);
+    if (it == waiting_.end()) {
+      // Before their prefill request (or after it ended: then they lapse).
+      early_[m->key] = {std::move(*m), std::chrono::steady_clock::now() + grants_timeout_};
+      cv_.notify_all();
+      return reply(202, "{}");
+    }
+    f = std::move(it->second);
+    waiting_.erase(it);
+  }
+  std::vector<transfer::RemoteHandle> remote;
+  Status open_error;
+  if (m->decode) OpenGrants(*m->decode, &remote, &open_error);
+  auto apply = [this, f, decode = m->decode, remote = std::move(remote), open_error](kvcache::KvManager&) mutable {
+    ApplyGrants(f, decode, std::move(remote), open_error);
+  };
+  if (!post_(std::move(apply))) return reply(503, ErrorJson("the engine is stopping"));
+  reply(200, "{}");
+}
+
+void PdPrefill::ApplyGrants(const std::shared_ptr<Flight>& f, const std::optional<ReserveReply>& decode,
+                            std::vector<transfer::RemoteHandle> remote, const Status& open_error) {
+  if (f->queued || f->grants_ready) return;  // it ended at its first token (or gave up waiting) meanwhile
+  f->grants_ready = true;
+  if (decode) {
+    f->decode = *decode;
+    f->remote = std::move(remote);
+    f->open_error = open_error;
+  }
+  if (f->handed_over) {
+    if (f->pin != 0) {
+      const kvcache::KvManager::Reservation* r = kv_->reservation(f->pin);
+      Send(*f, std::min(r->held_blocks, f->decode.blocks),
+           [r](int32_t i) { return r->blocks[static_cast<size_t>(i)].value(); });
+    }
+    return Queue(f);
+  }
+  // Still computing: what is full goes now, the rest from on_computed.
+  if (f->computed == 0) return;
+  const auto table = kv_->BlockTable(RequestId(f->engine_id.load()));
+  const int32_t full = std::min(f->computed / block_size_, static_cast<int32_t>(table.size()));
+  const uint64_t before = f->checksums.size();
+  Send(*f, std::min(full, f->decode.blocks), [&table](int32_t i) { return static_cast<uint64_t>(table[i]); });
+  if (f->computed < static_cast<int32_t>(f->request.prompt.size())) f->early += f->checksums.size() - before;
+}
+
+void PdPrefill::Expire(const std::shared_ptr<Flight>& f, const std::string& why) {
+  if (f->queued || f->grants_ready) return;
+  f->grants_ready = true;
+  f->open_error = Status::DeadlineExceeded("no grants: " + why);
+  if (f->handed_over) Queue(f);
+}
+
 void PdPrefill::Queue(std::shared_ptr<Flight> f) {
+  f->queued = true;
   std::lock_guard lock(mu_);
   done_.push_back(std::move(f));
   cv_.notify_all();
@@ -237,6 +343,11 @@ void PdPrefill::Finish(Flight& f) {
     if (f.outcome == 0) stats_.bytes_written += static_cast<uint64_t>(written) * block_bytes_;
     if (!failed.ok() || broken) ++stats_.write_failures;
   }
+  if (f.grants_key != 0) {
+    std::lock_guard lock(mu_);
+    auto it = waiting_.find(f.grants_key);
+    if (it != waiting_.end() && it->second.get() == &f) waiting_.erase(it);  // ended before its grants came
+  }
   if (f.pin != 0) post_([pin = f.pin](kvcache::KvManager& kv) { kv.ReleaseReservation(pin); });
   if (f.outcome == 2) return f.reply(503, ErrorJson("the engine is stopping"));
   f.answer.blocks_written = f.outcome == 0 ? written : 0;  // ended at its first token: nothing to decode
@@ -246,9 +357,35 @@ void PdPrefill::Finish(Flight& f) {
 }
 
 void PdPrefill::WorkerLoop() {
+  using Clock = std::chrono::steady_clock;
   std::unique_lock lock(mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !done_.empty(); });
+    // Handed-over flights whose grants did not come in time stop waiting
+    // (on the engine thread, which owns them).
+    Clock::time_point next = Clock::time_point::max();
+    const Clock::time_point now = Clock::now();
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      const Clock::time_point d = it->second->deadline;
+      if (d == Clock::time_point{} || d > now) {
+        if (d != Clock::time_point{}) next = std::min(next, d);
+        ++it;
+        continue;
+      }
+      std::shared_ptr<Flight> f = std::move(it->second);
+      it = waiting_.erase(it);
+      const std::string why = "they did not come within " + std::to_string(grants_timeout_.count()) + " ms";
+      auto expire = [this, f, why](kvcache::KvManager&) { Expire(f, why); };
+      lock.unlock();
+      if (!post_(std::move(expire))) STRATA_LOG_WARN("pd prefill: the engine stopped while a prefill waited for grants");
+      lock.lock();
+      it = waiting_.begin();  // the map may have changed meanwhile
+    }
+    std::erase_if(early_, [&](const auto& e) { return e.second.second <= now; });
+    for (const auto& e : early_) next = std::min(next, e.second.second);
+    if (done_.empty() && !stop_) {
+      cv_.wait_until(lock, next);
+      continue;
+    }
     if (done_.empty()) break;  // stopping, nothing left
     std::shared_ptr<Flight> f = std::move(done_.front());
     done_.pop_front();

@@ -23,8 +23,10 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -53,7 +55,8 @@ class PdPrefill {
   // `write_timeout`: the deadline of one handoff's writes.
   PdPrefill(PostFn post, scheduler::EngineClient* engine, kvcache::KvManager* kv, transfer::TransferEngine* xfer,
             SegmentId device_segment, uint64_t block_bytes, int block_size,
-            std::chrono::milliseconds write_timeout = std::chrono::seconds(30));
+            std::chrono::milliseconds write_timeout = std::chrono::seconds(30),
+            std::chrono::milliseconds grants_timeout = std::chrono::seconds(10));
   ~PdPrefill();  // Stop()
   // SIGTERM: new prefills are refused (503); those running finish.
   void SetDraining() { draining_.store(true); }
@@ -70,14 +73,23 @@ class PdPrefill {
   // (optional) registers a callback the server runs if the caller hangs up
   // before the answer: the request is cancelled (a router that left, or
   // gave up on this instance, wastes no more compute here).
+  //
+  // Also serves POST /internal/pd/grants (GrantsMessage): the grants of a
+  // prefill sent with a `grants_key` (the router reserves at the decode
+  // instance while the prefill runs). Blocks computed before they came are
+  // sent when they come; a prefill at its first token without them waits
+  // for them up to `grants_timeout`, then answers with no block written
+  // (as when they are absent). Grants that come before their prefill
+  // request are kept for it (202) up to `grants_timeout`.
   bool Handle(const std::string& method, const std::string& path, const std::string& body, ReplyFn reply,
               std::function<void(std::function<void()>)> on_close = {});
   PdPrefillStats stats() const;
 
  private:
   // One handoff. Fields after `engine_id` are the engine thread's until the
-  // flight is queued to the worker.
+  // flight is queued to the worker (then the worker's).
   struct Flight {
+    uint64_t grants_key = 0;                   // non-zero: the grants follow (in waiting_ until they come)
     ReserveReply decode;
     scheduler::EngineRequest request;          // as given (its prompt and salt name the blocks)
     std::vector<transfer::RemoteHandle> remote;  // one per grant; empty when they could not be opened
@@ -94,7 +106,23 @@ class PdPrefill {
     // How Finish answers: 0 = the handoff; 1 = ended at its first token
     // (nothing handed over); 2 = the engine stopped (503).
     int outcome = 0;
+    bool grants_ready = true;                  // false while the grants are to come
+    bool handed_over = false;                  // HandOver ran while they were still to come
+    bool queued = false;                       // given to the worker
+    int32_t computed = 0;                      // prompt tokens computed so far
+    std::chrono::steady_clock::time_point deadline{};  // mu_: set at HandOver while the grants are to come
   };
+  // Opens `decode`'s grants (blocking round trips); an error empties `remote`.
+  void OpenGrants(const ReserveReply& decode, std::vector<transfer::RemoteHandle>* remote, Status* error);
+  // POST /internal/pd/grants.
+  void Grants(const std::string& body, const ReplyFn& reply);
+  // Engine thread: the grants of a waiting flight came (`decode` absent:
+  // none will); sends what is computed, and answers if handed over.
+  void ApplyGrants(const std::shared_ptr<Flight>& f, const std::optional<ReserveReply>& decode,
+                   std::vector<transfer::RemoteHandle> remote, const Status& open_error);
+  // Engine thread (or any, once the engine stopped): the grants did not
+  // come in time; the flight answers with no block written.
+  void Expire(const std::shared_ptr<Flight>& f, const std::string& why);
   // Engine thread: queues the writes of blocks [next, end); block i is `block_of(i)`.
   void Send(Flight& f, int32_t end, const std::function<uint64_t(int32_t)>& block_of);
   // Engine thread, once the prompt's blocks are all full (still held by the
@@ -116,12 +144,16 @@ class PdPrefill {
   const uint64_t block_bytes_;
   const int block_size_;
   const std::chrono::milliseconds write_timeout_;
+  const std::chrono::milliseconds grants_timeout_;
   std::function<void(const scheduler::RequestOutput&)> observer_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::atomic<bool> draining_{false};
   std::deque<std::shared_ptr<Flight>> done_;  // flights whose writes are all queued
+  std::map<uint64_t, std::shared_ptr<Flight>> waiting_;  // by grants_key: flights whose grants are to come
+  // Grants that came before their prefill request (kept grants_timeout).
+  std::map<uint64_t, std::pair<GrantsMessage, std::chrono::steady_clock::time_point>> early_;
   uint64_t next_pin_ = 1ull << 63;            // apart from the ids a router gives decode reservations
   PdPrefillStats stats_;
   std::thread worker_;

@@ -69,7 +69,7 @@ struct PdRouter::Flight {
   std::condition_variable cv;
   bool cancelled = false;
   bool held = false;
-  std::shared_ptr<HttpConnection> conn;  // the call in progress
+  std::vector<std::shared_ptr<HttpConnection>> conns;  // the calls in progress (two while reserving beside the prefill)
 };
 
 namespace {
@@ -158,7 +158,12 @@ void PdRouter::Refresh() {
       fresh.push_back(std::move(gone));
     }
   }
+  std::set<std::string> addresses;
+  for (const PdInstance& p : fresh) addresses.insert(p.host + ":" + std::to_string(p.port));
   instances_ = std::move(fresh);
+  // Idle connections to addresses no instance has any more are closed.
+  std::lock_guard pool_lock(pool_mu_);
+  std::erase_if(idle_, [&](const auto& kv) { return addresses.count(kv.first) == 0; });
 }
 
 void PdRouter::MembershipLoop() {
@@ -394,14 +399,14 @@ void PdRouter::Cancel(RequestId id) {
     if (it == flights_.end()) return;
     f = it->second;
   }
-  std::shared_ptr<HttpConnection> conn;
+  std::vector<std::shared_ptr<HttpConnection>> conns;
   {
     std::lock_guard lock(f->mu);
     f->cancelled = true;
-    conn = f->conn;
+    conns = f->conns;
   }
   f->cv.notify_all();
-  if (conn) conn->Abort();
+  for (const auto& conn : conns) conn->Abort();
 }
 
 void PdRouter::SetHeld(RequestId id, bool held) {
@@ -461,19 +466,47 @@ void PdRouter::Stop(double grace_seconds) {
 
 Result<HttpResponse> PdRouter::Call(Flight& f, const PdInstance& to, const std::string& path, const std::string& body,
                                     HttpDataFn on_data) {
-  auto conn = std::make_shared<HttpConnection>(to.host, to.port);
+  std::shared_ptr<HttpConnection> conn = TakeConnection(to.host, to.port);
   {
     std::lock_guard lock(f.mu);
     if (f.cancelled) return Status::Cancelled("the request was cancelled");
-    f.conn = conn;
+    f.conns.push_back(conn);
   }
   Result<HttpResponse> r = on_data ? conn->Stream("POST", path, body, options_.auth, std::move(on_data),
                                                   options_.call_timeout_s)
                                    : conn->Call("POST", path, body, options_.auth, options_.call_timeout_s);
-  std::lock_guard lock(f.mu);
-  f.conn.reset();
-  if (f.cancelled) return Status::Cancelled("the request was cancelled");
+  bool cancelled;
+  {
+    std::lock_guard lock(f.mu);
+    std::erase(f.conns, conn);
+    cancelled = f.cancelled;
+  }
+  if (cancelled) return Status::Cancelled("the request was cancelled");
+  // Back to the pool when the response ended on an open connection (the
+  // client closes it after a stream stopped early, an error or "close").
+  // Not cancelled: Cancel sets `cancelled` where it takes f.conns, so no
+  // Cancel holds this one (an aborted connection fails every later call).
+  if (r.ok() && conn->connected()) ReturnConnection(to.host, to.port, std::move(conn));
   return r;
+}
+
+std::shared_ptr<HttpConnection> PdRouter::TakeConnection(const std::string& host, int port) {
+  {
+    std::lock_guard lock(pool_mu_);
+    auto it = idle_.find(host + ":" + std::to_string(port));
+    if (it != idle_.end() && !it->second.empty()) {
+      std::shared_ptr<HttpConnection> c = std::move(it->second.back());
+      it->second.pop_back();
+      return c;
+    }
+  }
+  return std::make_shared<HttpConnection>(host, port);
+}
+
+void PdRouter::ReturnConnection(const std::string& host, int port, std::shared_ptr<HttpConnection> conn) {
+  std::lock_guard lock(pool_mu_);
+  auto& idle = idle_[host + ":" + std::to_string(port)];
+  if (idle.size() < kIdlePerInstance) idle.push_back(std::move(conn));
 }
 
 void PdRouter::CancelReservation(const PdInstance& d, uint64_t id) {
@@ -634,34 +667,42 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   }
   const uint64_t rid = next_reservation_.fetch_add(1);
   ReserveRequest q{rid, f.request.prompt, f.request.cache_salt, options_.lease_ms, p.name};
-  auto r = Call(f, d, "/internal/pd/reserve", ReserveRequestToJson(q));
-  auto reserve = r && r->status == 200 ? ReserveReplyFromJson(r->body) : Result<ReserveReply>(Status::Ok());
-  if (!r || r->status != 200 || !reserve.ok()) {
-    Unload(Phase::kPrefill, p.name, f.routed_tokens);
-    Unload(Phase::kDecode, d.name);
-    if (!r.ok() && r.error().code() == StatusCode::kCancelled) {
-      CancelReservation(d, rid);  // it may have been made before the call was aborted
-      return true;
+  Result<HttpResponse> r = Status::Unavailable("not asked");
+  Result<ReserveReply> reserve = Status::Unavailable("not asked");
+  Result<HttpResponse> pr = Status::Unavailable("not asked");
+  bool overlap = options_.overlap_reserve && !tried->reserve_first;
+  if (overlap) {
+    std::lock_guard lock(mu_);
+    for (const PdInstance& i : instances_) {
+      if (i.name == d.name && i.not_now_until > std::chrono::steady_clock::now()) overlap = false;
     }
-    if (r && r->status == 503) {
-      tried->not_now.insert(d.name);
-      *free_retry = true;
-      std::lock_guard lock(mu_);
-      ++stats_.not_now;
-      return false;
-    }
-    bad_decode->insert(d.name);
-    if (r && r->status >= 400 && r->status < 500) {
-      *why = Status::InvalidArgument("decode instance " + d.name + " refused the request: " + Describe(r));
-      return true;  // the same request would be refused anywhere
-    } else if (r.ok() || r.error().code() != StatusCode::kCancelled) {
-      Avoid(d.name);
-    }
-    *why = Status::Unavailable("decode instance " + d.name + ": " + (reserve.ok() ? Describe(r) : reserve.error().message()));
-    return false;
   }
-  // Prefill: the first token, the blocks written.
-  auto pr = Call(f, p, "/internal/pd/prefill", PrefillRequestToJson({f.request, *reserve}));
+  if (overlap) {
+    // The reservation beside the prefill: its grants follow the prefill
+    // request (key rid); the prefill waits for them only at its first token.
+    std::thread reserver;
+    try {
+      reserver = std::thread([&] { ReserveBeside(f, p, d, q, &r, &reserve); });
+    } catch (const std::system_error&) {
+      overlap = false;  // no thread to be had: one after the other
+    }
+    if (overlap) {
+      PrefillRequest pq{f.request, {}, rid};
+      pr = Call(f, p, "/internal/pd/prefill", PrefillRequestToJson(pq));
+      reserver.join();
+      if (!r || r->status != 200 || !reserve.ok()) {
+        // The prefill's answer (if any) is dropped; it wrote nothing.
+        return ReserveFailed(f, tried, p, d, rid, r, reserve, free_retry, why);
+      }
+    }
+  }
+  if (!overlap) {
+    r = Call(f, d, "/internal/pd/reserve", ReserveRequestToJson(q));
+    reserve = r && r->status == 200 ? ReserveReplyFromJson(r->body) : Result<ReserveReply>(Status::Ok());
+    if (!r || r->status != 200 || !reserve.ok()) return ReserveFailed(f, tried, p, d, rid, r, reserve, free_retry, why);
+    // Prefill: the first token, the blocks written.
+    pr = Call(f, p, "/internal/pd/prefill", PrefillRequestToJson({f.request, *reserve}));
+  }
   Unload(Phase::kPrefill, p.name, f.routed_tokens);
   auto prefill = pr && pr->status == 200 ? PrefillReplyFromJson(pr->body) : Result<PrefillReply>(Status::Ok());
   if (!pr || pr->status != 200 || !prefill.ok()) {
@@ -726,6 +767,59 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   Unload(Phase::kDecode, d.name);
   if (!ended) bad_decode->insert(d.name);
   return ended;
+}
+
+void PdRouter::ReserveBeside(Flight& f, const PdInstance& p, const PdInstance& d, const ReserveRequest& q,
+                             Result<HttpResponse>* r, Result<ReserveReply>* reserve) {
+  *r = Call(f, d, "/internal/pd/reserve", ReserveRequestToJson(q));
+  *reserve = *r && (*r)->status == 200 ? ReserveReplyFromJson((*r)->body) : Result<ReserveReply>(Status::Ok());
+  GrantsMessage m{q.id, std::nullopt};
+  if (*r && (*r)->status == 200 && reserve->ok()) m.decode = **reserve;
+  // Whatever becomes of this call, the prefill answers: without its grants
+  // after its timeout, writing nothing (the decode instance recomputes).
+  auto g = Call(f, p, "/internal/pd/grants", GrantsMessageToJson(m));
+  if (!g.ok() || (g->status != 200 && g->status != 202)) {
+    if (!g.ok() && g.error().code() == StatusCode::kCancelled) return;
+    STRATA_LOG_WARN("router: request {}: the grants did not reach prefill instance {}: {}", f.id.value(), p.name,
+                    Describe(g));
+  }
+}
+
+bool PdRouter::ReserveFailed(Flight& f, Tried* tried, const PdInstance& p, const PdInstance& d, uint64_t rid,
+                             const Result<HttpResponse>& r, const Result<ReserveReply>& reserve, bool* free_retry,
+                             Status* why) {
+  Unload(Phase::kPrefill, p.name, f.routed_tokens);
+  Unload(Phase::kDecode, d.name);
+  if (!r.ok() && r.error().code() == StatusCode::kCancelled) {
+    CancelReservation(d, rid);  // it may have been made before the call was aborted
+    return true;
+  }
+  {
+    std::lock_guard lock(f.mu);
+    if (f.cancelled) {
+      CancelReservation(d, rid);
+      return true;
+    }
+  }
+  if (r && r->status == 503) {
+    tried->not_now.insert(d.name);
+    tried->reserve_first = true;
+    *free_retry = true;
+    std::lock_guard lock(mu_);
+    ++stats_.not_now;
+    for (PdInstance& i : instances_) {
+      if (i.name == d.name) i.not_now_until = std::chrono::steady_clock::now() + options_.avoid;
+    }
+    return false;
+  }
+  tried->decode.insert(d.name);
+  if (r && r->status >= 400 && r->status < 500) {
+    *why = Status::InvalidArgument("decode instance " + d.name + " refused the request: " + Describe(r));
+    return true;  // the same request would be refused anywhere
+  }
+  Avoid(d.name);
+  *why = Status::Unavailable("decode instance " + d.name + ": " + (reserve.ok() ? Describe(r) : reserve.error().message()));
+  return false;
 }
 
 bool PdRouter::Decode(Flight& f, const PdInstance& d, const std::string& body, Status* why) {

@@ -50,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "cluster/pd_wire.h"
 #include "common/http_client.h"
 #include "common/status.h"
 #include "scheduler/engine_client.h"
@@ -114,6 +115,12 @@ struct PdRouterOptions {
   // (no rate measured yet) admit.
   double slo_ttft_seconds = 0;
   double slo_tpot_seconds = 0;
+  // Reserve at the decode instance while the prefill runs (the grants
+  // follow the prefill request: GrantsMessage), so that the reservation's
+  // round trip is not part of the time to first token. Not towards a
+  // decode instance that answered "not now" within `avoid` (the prefill
+  // would likely be wasted), nor after one did in this request.
+  bool overlap_reserve = true;
   // Calibrated rates (`strata router --calibration F`) of instances that do
   // not report measured ones yet (a lookup answering 0), by instance name,
   // else `default_calibration` (zeros: none).
@@ -164,6 +171,7 @@ struct PdInstance {
   double reported_prefill_tokens_per_s = 0;
   double reported_decode_step_seconds = 0;
   std::chrono::steady_clock::time_point avoid_until{};
+  std::chrono::steady_clock::time_point not_now_until{};  // a reservation was refused for now: reserve first
 };
 
 using ListInstancesFn = std::function<Result<std::vector<transfer::InstanceInfo>>()>;
@@ -217,8 +225,18 @@ class PdRouter final : public scheduler::EngineClient {
   struct Tried {
     std::set<std::string> prefill, decode, not_now;
     int backoff_ms = 10;
+    bool reserve_first = false;  // a reservation was refused for now: no more prefills beside reservations
   };
   bool Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why);
+  // The reservation at `d` (reservation `rid`) failed with `r` / `reserve`:
+  // undoes the picks and says what Attempt returns.
+  bool ReserveFailed(Flight& f, Tried* tried, const PdInstance& p, const PdInstance& d, uint64_t rid,
+                     const Result<HttpResponse>& r, const Result<ReserveReply>& reserve, bool* free_retry,
+                     Status* why);
+  // Reserves at `d` and sends the grants (or their absence) to `p`'s
+  // prefill with key `rid`; runs beside the prefill call.
+  void ReserveBeside(Flight& f, const PdInstance& p, const PdInstance& d, const ReserveRequest& q,
+                     Result<HttpResponse>* r, Result<ReserveReply>* reserve);
   bool Decode(Flight& f, const PdInstance& d, const std::string& body, Status* why);
   // Picks an instance for `phase` by the routing policy among those not in
   // `exclude`, preferring ones not avoided and not `other` (the other
@@ -244,10 +262,17 @@ class PdRouter final : public scheduler::EngineClient {
   // within [1/4, 8]).
   void Learn(const std::string& name, double predicted, double scale, double observed);
   void Avoid(const std::string& name);
-  // A blocking call on the flight's connection (aborted by Cancel).
+  // A blocking call on the flight's connection (aborted by Cancel): a kept-
+  // alive connection to `to` from the pool when one is idle (it goes back
+  // after a whole response, unless the call was aborted).
   Result<HttpResponse> Call(Flight& f, const PdInstance& to, const std::string& path, const std::string& body,
                             HttpDataFn on_data = nullptr);
   void CancelReservation(const PdInstance& d, uint64_t id);
+  // The connection pool: an idle kept-alive connection to host:port, or a
+  // new one; Return keeps at most kIdlePerInstance per address.
+  std::shared_ptr<HttpConnection> TakeConnection(const std::string& host, int port);
+  void ReturnConnection(const std::string& host, int port, std::shared_ptr<HttpConnection> conn);
+  static constexpr size_t kIdlePerInstance = 16;
   // Delivers `ev` through the splicer with the router's fields set. False
   // when the replay differed (the flight then ends with an error).
   bool Deliver(Flight& f, scheduler::RequestOutput ev);
@@ -275,6 +300,8 @@ class PdRouter final : public scheduler::EngineClient {
   std::vector<uint64_t> exited_;  // threads that returned, to join
   PdRouterStats stats_;
   std::thread membership_;
+  std::mutex pool_mu_;  // idle_
+  std::map<std::string, std::vector<std::shared_ptr<HttpConnection>>> idle_;  // by "host:port"
 };
 
 }  // namespace strata::cluster

@@ -397,14 +397,31 @@ Result<ReserveReply> ReserveReplyFromJson(const std::string& text) {
 }
 
 std::string PrefillRequestToJson(const PrefillRequest& r) {
-  return json{{"request", EngineRequestJson(r.request)}, {"decode", ReserveReplyJson(r.decode)}}.dump();
+  json j{{"request", EngineRequestJson(r.request)}, {"decode", ReserveReplyJson(r.decode)}};
+  if (r.grants_key != 0) j["grants_key"] = r.grants_key;
+  return j.dump();
 }
 Result<PrefillRequest> PrefillRequestFromJson(const std::string& text) {
   return Decode<PrefillRequest>(text, "prefill request", [](const Reader& r) {
     PrefillRequest q;
     q.request = EngineRequestFrom(r.Obj("request", EmptyObject()));
     q.decode = ReserveReplyFrom(r.Obj("decode", EmptyObject()));
+    q.grants_key = r.Int<uint64_t>("grants_key");
     return q;
+  });
+}
+
+std::string GrantsMessageToJson(const GrantsMessage& m) {
+  json j{{"key", m.key}};
+  if (m.decode) j["decode"] = ReserveReplyJson(*m.decode);
+  return j.dump();
+}
+Result<GrantsMessage> GrantsMessageFromJson(const std::string& text) {
+  return Decode<GrantsMessage>(text, "grants message", [](const Reader& r) {
+    GrantsMessage m;
+    m.key = r.Int<uint64_t>("key");
+    if (r.Has("decode")) m.decode = ReserveReplyFrom(r.Obj("decode", EmptyObject()));
+    return m;
   });
 }
 

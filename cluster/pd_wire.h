@@ -25,6 +25,7 @@
 // Thread-safety: pure functions.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,10 +65,25 @@ Result<ReserveReply> ReserveReplyFromJson(const std::string& text);
 
 struct PrefillRequest {
   scheduler::EngineRequest request;  // pause_after is set to 1 by the prefill instance
-  ReserveReply decode;               // where its blocks go
+  ReserveReply decode;               // where its blocks go (empty when they follow)
+  // Non-zero: `decode` is empty and comes later, in a GrantsMessage with
+  // this key (the router reserves at the decode instance while the prefill
+  // runs, so the reservation's round trip is not in the time to first
+  // token). Unique among the prefill instance's flights.
+  uint64_t grants_key = 0;
 };
 std::string PrefillRequestToJson(const PrefillRequest& r);
 Result<PrefillRequest> PrefillRequestFromJson(const std::string& text);
+
+// POST /internal/pd/grants: where the blocks of the prefill with
+// `grants_key` go, or (`decode` absent) that they go nowhere: the
+// reservation failed, the prefill answers without writing any.
+struct GrantsMessage {
+  uint64_t key = 0;
+  std::optional<ReserveReply> decode;
+};
+std::string GrantsMessageToJson(const GrantsMessage& m);
+Result<GrantsMessage> GrantsMessageFromJson(const std::string& text);
 
 struct PrefillReply {
   scheduler::RequestOutput output;  // the whole stream merged: first token(s), final event, continuation

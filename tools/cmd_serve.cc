@@ -86,6 +86,7 @@ struct ServeFlags {
   std::string metadata;       // etcd://HOST:PORT or strata://HOST:PORT; empty: not in a cluster
   int metadata_lease_seconds = 10;
   std::string role = "both";  // prefill | decode | both (docs/disaggregation.md)
+  int pd_grants_timeout_ms = 10000;  // a prefill at its first token waits this long for grants that follow
 };
 
 int Fail(const Status& s) {
@@ -160,6 +161,8 @@ Status ApplyServeConfig(CLI::App* cmd, ServeFlags* f) {
   STRATA_RETURN_IF_ERROR(str("--role", "cluster.role", &f->role));
   if (f->role != "prefill" && f->role != "decode" && f->role != "both")
     return Status::InvalidArgument("--role (cluster.role) must be prefill, decode or both, not '" + f->role + "'");
+  STRATA_RETURN_IF_ERROR(integer("--pd-grants-timeout-ms", "cluster.pd_grants_timeout_ms", &f->pd_grants_timeout_ms,
+                                 1, 600000));
   if (f->role != "both" && (f->metadata.empty() || f->transfer.port < 0))
     return Status::InvalidArgument("--role " + f->role +
                                    " needs --metadata (the router finds instances there) and a transfer engine "
@@ -398,7 +401,8 @@ int Run(CLI::App* cmd, ServeFlags& f) {
       if (f.role != "prefill") pd_decode = std::make_unique<cluster::PdDecode>(post, engine->get(), xfer.get(), seg, bb);
       if (f.role != "decode")
         pd_prefill = std::make_unique<cluster::PdPrefill>(post, engine->get(), (*stack)->manager.get(), xfer.get(), seg,
-                                                          bb, f.engine.kv_block_size);
+                                                          bb, f.engine.kv_block_size, std::chrono::seconds(30),
+                                                          std::chrono::milliseconds(f.pd_grants_timeout_ms));
       // The handoffs' requests count in the request metrics like the API's.
       auto observe = [&metrics](const scheduler::RequestOutput& ev) { metrics.OnEvent(ev); };
       if (pd_decode) pd_decode->SetObserver(observe);
@@ -503,6 +507,12 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--role", f->role,
                   "prefill | decode | both: the side of a prefill/decode handoff this instance serves to a "
                   "router (both: it also serves requests whole)")
+      ->capture_default_str();
+  cmd->add_option("--pd-grants-timeout-ms", f->pd_grants_timeout_ms,
+                  "prefill role: how long a prefill at its first token waits for the decode instance's grants "
+                  "when the router sends them after the prefill request; then it answers with no block written "
+                  "(the decode instance recomputes)")
+      ->check(CLI::Range(1, 600000))
       ->capture_default_str();
   cmd->add_option("--metadata-lease-seconds", f->metadata_lease_seconds,
                   "lease of this instance's registration: it disappears this long after it dies")

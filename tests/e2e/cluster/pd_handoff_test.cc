@@ -65,6 +65,9 @@ struct HandOff {
   bool finished = false;
 };
 
+void ContinueAt(int decode_port, uint64_t id, const scheduler::EngineRequest& request, const SimpleHttpResponse& p,
+                HandOff* out);
+
 // `lease_ms`, `stall`: a lease that lapses before the prefill instance
 // writes (the test waits `stall` in between).
 HandOff RunHandOff(int prefill_port, int decode_port, uint64_t id, const scheduler::EngineRequest& request,
@@ -81,14 +84,23 @@ HandOff RunHandOff(int prefill_port, int decode_port, uint64_t id, const schedul
 
   auto p = SimpleHttp(prefill_port, "POST", "/internal/pd/prefill",
                       cluster::PrefillRequestToJson({request, *reserve}), {}, 120);
+  ContinueAt(decode_port, id, request, p, &h);
+  return h;
+}
+
+// The prefill instance answered `p`: the decode instance continues the
+// request (reservation `id`) from it; fills h's prefill, text and decode.
+void ContinueAt(int decode_port, uint64_t id, const scheduler::EngineRequest& request, const SimpleHttpResponse& p,
+                HandOff* out) {
+  HandOff& h = *out;
   EXPECT_EQ(p.status, 200) << p.body;
   auto prefill = cluster::PrefillReplyFromJson(p.body);
   EXPECT_TRUE(prefill.ok()) << p.body;
-  if (!prefill.ok()) return h;
+  if (!prefill.ok()) return;
   h.prefill = *prefill;
   EXPECT_EQ(prefill->output.finish_reason, FinishReason::kPaused);
   EXPECT_TRUE(prefill->output.continuation.has_value());
-  if (!prefill->output.continuation) return h;
+  if (!prefill->output.continuation) return;
 
   cluster::DecodeRequest d{id, prefill->blocks_written, prefill->checksums, request};
   d.request.continuation = *prefill->output.continuation;
@@ -106,7 +118,6 @@ HandOff RunHandOff(int prefill_port, int decode_port, uint64_t id, const schedul
     h.text += ev->text;
     h.finished = ev->finished;
   }
-  return h;
 }
 
 void ExpectPoolEmpty(int port) {
@@ -231,6 +242,118 @@ TEST_P(PdHandoff, ABlockCorruptedInFlightIsRecomputedNotServed) {
   EXPECT_EQ(Gauge(m, "strata_kv_device_blocks_in_use"), 0);
   ExpectPoolEmpty(pp);
   ExpectPoolEmpty(colocated->port("http"));
+  for (auto* s : {prefill.get(), decode.get(), colocated.get()}) StopCleanly(s);
+}
+
+// The router's way (PdRouterOptions::overlap_reserve): the prefill request
+// carries a grants key, the reservation is made meanwhile and its grants
+// follow in /internal/pd/grants. Blocks computed before they come are sent
+// when they come; grants that overtake their prefill request are kept for
+// it; "no grants" (the reservation failed) and grants that never come (past
+// --pd-grants-timeout-ms) end in an answer with no block written, and the
+// decode instance recomputes. Every answer is the colocated text.
+TEST(PdHandoffGrants, GrantsThatFollowThePrefillRequestAreUsedWheneverTheyCome) {
+  MetadataStoreProcess store(false);
+  auto member = [&](const std::string& name, const std::string& role) {
+    return std::vector<std::string>{"--metadata", store.url(), "--instance-name", name, "--role", role,
+                                    "--metadata-lease-seconds", "2"};
+  };
+  auto prefill = StartTinyServer([&] {
+    auto a = member("prefill-a", "prefill");
+    // Slowed, so that grants sent 300 ms after the request find blocks
+    // computed and later chunks still to compute.
+    a.insert(a.end(), {"--max-batch-tokens", "64", "--pd-grants-timeout-ms", "1500", "--debug-step-time-factor", "40"});
+    return a;
+  }());
+  auto decode = StartTinyServer(member("decode-a", "decode"));
+  auto colocated = StartTinyServer({});
+  ASSERT_TRUE(prefill && decode && colocated);
+  const int pp = prefill->port("http"), pd = decode->port("http"), pc = colocated->port("http");
+
+  // kAfter: 300 ms after the request (its first chunks computed);
+  // kAtFirstToken: once it is at its first token (counted as a prefill).
+  enum class Grants { kAfter, kAtFirstToken, kBefore, kNone, kNever };
+  auto run = [&](uint64_t id, const std::vector<int32_t>& prompt, Grants how, int* grants_status) {
+    HandOff h;
+    const scheduler::EngineRequest request = Request(prompt, 0, 0);
+    cluster::ReserveRequest q{id, prompt, "", 20000, "prefill-a"};
+    auto r = SimpleHttp(pd, "POST", "/internal/pd/reserve", cluster::ReserveRequestToJson(q));
+    EXPECT_EQ(r.status, 200) << r.body;
+    auto reserve = cluster::ReserveReplyFromJson(r.body);
+    EXPECT_TRUE(reserve.ok()) << r.body;
+    if (!reserve.ok()) return h;
+    h.reserve = *reserve;
+    cluster::GrantsMessage g{id, std::nullopt};
+    if (how != Grants::kNone) g.decode = *reserve;
+    auto send_grants = [&] {
+      *grants_status = SimpleHttp(pp, "POST", "/internal/pd/grants", cluster::GrantsMessageToJson(g)).status;
+    };
+    if (how == Grants::kBefore) send_grants();
+    SimpleHttpResponse p;
+    std::thread caller([&] {
+      p = SimpleHttp(pp, "POST", "/internal/pd/prefill", cluster::PrefillRequestToJson({request, {}, id}), {}, 120);
+    });
+    if (how == Grants::kAfter || how == Grants::kNone) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      send_grants();
+    }
+    if (how == Grants::kAtFirstToken) {
+      const double before = Gauge(Metrics(pp), "strata_pd_prefills_total");
+      WaitForMetrics(pp, [&](const std::string& t) { return Gauge(t, "strata_pd_prefills_total") > before; }, 10);
+      send_grants();
+    }
+    caller.join();
+    ContinueAt(pd, id, request, p, &h);
+    return h;
+  };
+
+  const auto prompt = Prompt(3, 300);  // 18 whole blocks
+  const Colocated ref = Complete(pc, prompt, 0, 0);
+  int status = 0;
+  const auto t_after = std::chrono::steady_clock::now();
+  HandOff after = run(11, prompt, Grants::kAfter, &status);
+  std::fprintf(stderr, "the prefill with grants after 300 ms took %.3f s\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_after).count());
+  EXPECT_EQ(status, 200) << "the prefill waited for them";
+  EXPECT_GE(Gauge(Metrics(pp), "strata_pd_blocks_sent_early_total"), 1) << "sent while later chunks computed";
+  EXPECT_EQ(after.prefill.blocks_written, 18);
+  EXPECT_EQ(after.decode_cached, 18 * kBlock) << "decode computed only the prompt's tail\n" << decode->stderr_tail();
+  EXPECT_EQ(after.text, ref.text);
+
+  const auto prompt1 = Prompt(8, 300);
+  const Colocated ref1 = Complete(pc, prompt1, 0, 0);
+  HandOff at_first = run(15, prompt1, Grants::kAtFirstToken, &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(at_first.prefill.blocks_written, 18) << "all sent from the pinned blocks";
+  EXPECT_EQ(at_first.decode_cached, 18 * kBlock);
+  EXPECT_EQ(at_first.text, ref1.text);
+
+  const auto prompt2 = Prompt(4, 300);
+  const Colocated ref2 = Complete(pc, prompt2, 0, 0);
+  HandOff before = run(12, prompt2, Grants::kBefore, &status);
+  EXPECT_EQ(status, 202) << "kept for the prefill request that follows";
+  EXPECT_EQ(before.prefill.blocks_written, 18);
+  EXPECT_EQ(before.decode_cached, 18 * kBlock);
+  EXPECT_EQ(before.text, ref2.text);
+
+  for (Grants how : {Grants::kNone, Grants::kNever}) {
+    const auto prompt3 = Prompt(how == Grants::kNone ? 5 : 6, 200);
+    const Colocated ref3 = Complete(pc, prompt3, 0, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    HandOff h = run(how == Grants::kNone ? 13 : 14, prompt3, how, &status);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(h.prefill.blocks_written, 0);
+    EXPECT_EQ(h.decode_cached, 0) << "recomputed";
+    EXPECT_EQ(h.text, ref3.text);
+    if (how == Grants::kNever) EXPECT_GE(waited, 1.5) << "the prefill waited for its grants";
+  }
+  for (int port : {pp, pd, pc}) ExpectPoolEmpty(port);
+  const std::string mp = Metrics(pp);
+  EXPECT_EQ(Gauge(mp, "strata_pd_prefills_total"), 5);
+  EXPECT_EQ(Gauge(mp, "strata_pd_send_failures_total"), 1) << "the grants that never came";
+  const std::string md = WaitForMetrics(
+      pd, [](const std::string& t) { return Gauge(t, "strata_pd_reservations_active") == 0; }, 10);
+  EXPECT_EQ(Gauge(md, "strata_pd_blocks_received_total"), 3 * 18);
   for (auto* s : {prefill.get(), decode.get(), colocated.get()}) StopCleanly(s);
 }
 

@@ -61,6 +61,8 @@ class FakeInstance {
   int break_after = -1;
   std::atomic<int> not_now{0};  // answer this many reservations 503 first
   std::atomic<int> reserves{0}, prefills{0}, decodes{0}, cancels{0}, lookups{0};
+  // Prefill requests whose grants follow; grants messages with and without a reservation.
+  std::atomic<int> keyed_prefills{0}, grants{0}, no_grants{0};
   // What /internal/pd/lookup answers; unset: 404 (an instance that cannot say).
   std::optional<LookupReply> lookup;
   std::atomic<bool> silent{false};  // answer lookups 404 for now (set between requests)
@@ -81,6 +83,7 @@ class FakeInstance {
     if (r.path == "/internal/pd/prefill") {
       ++prefills;
       auto q = PrefillRequestFromJson(r.body);
+      if (q.ok() && q->grants_key != 0) ++keyed_prefills;
       PrefillReply a;
       a.output = Token(10, "A");
       a.output.finished = true;
@@ -107,6 +110,11 @@ class FakeInstance {
       ++lookups;
       if (!lookup || silent.load()) return w->Send(404, "application/json", "{}");
       return w->Send(200, "application/json", LookupReplyToJson(*lookup));
+    }
+    if (r.path == "/internal/pd/grants") {
+      auto m = GrantsMessageFromJson(r.body);
+      ++(m.ok() && m->decode ? grants : no_grants);
+      return w->Send(200, "application/json", "{}");
     }
     if (r.path == "/internal/pd/cancel") {
       ++cancels;
@@ -202,6 +210,47 @@ TEST(PdRouter, DecodeInstancesThatAreFullForNowMakeTheRequestWait) {
   EXPECT_EQ(sink.events.back().finish_reason, FinishReason::kLength);
   EXPECT_EQ(d.reserves.load(), 4);
   EXPECT_EQ(router.stats().not_now, 3u);
+}
+
+TEST(PdRouter, TheReservationIsMadeBesideThePrefillAndItsGrantsFollow) {
+  FakeInstance p("p", "prefill"), d("d", "decode");
+  d.events = {Token(11, "B", true)};
+  PdRouter router([&] { return Result<std::vector<transfer::InstanceInfo>>({p.info(), d.info()}); }, Options());
+  {
+    Sink sink;
+    ASSERT_TRUE(router.Submit(Request(), sink.fn()).ok());
+    ASSERT_TRUE(sink.Wait());
+    EXPECT_EQ(sink.text(), "AB");
+  }
+  EXPECT_EQ(p.keyed_prefills.load(), 1) << "the prefill did not wait for the reservation";
+  EXPECT_EQ(p.grants.load(), 1);
+  EXPECT_EQ(d.reserves.load(), 1);
+  // A reservation refused for now: the prefill is told no grants come (it
+  // writes nothing), and the retry reserves first.
+  d.not_now = 1;
+  {
+    Sink sink;
+    ASSERT_TRUE(router.Submit(Request(), sink.fn()).ok());
+    ASSERT_TRUE(sink.Wait());
+    EXPECT_EQ(sink.text(), "AB");
+    EXPECT_EQ(sink.tokens(), (std::vector<int32_t>{10, 11}));
+  }
+  EXPECT_EQ(p.no_grants.load(), 1);
+  EXPECT_EQ(p.prefills.load(), 3);
+  EXPECT_EQ(p.keyed_prefills.load(), 2) << "after a 'not now', the reservation comes first";
+  EXPECT_EQ(p.grants.load(), 1);
+  EXPECT_EQ(d.reserves.load(), 3);
+  // Switched off: one after the other, the grants inside the prefill request.
+  PdRouterOptions o = Options();
+  o.overlap_reserve = false;
+  PdRouter serial([&] { return Result<std::vector<transfer::InstanceInfo>>({p.info(), d.info()}); }, o);
+  Sink sink;
+  ASSERT_TRUE(serial.Submit(Request(), sink.fn()).ok());
+  ASSERT_TRUE(sink.Wait());
+  EXPECT_EQ(sink.text(), "AB");
+  EXPECT_EQ(p.prefills.load(), 4);
+  EXPECT_EQ(p.keyed_prefills.load(), 2);
+  EXPECT_EQ(p.grants.load() + p.no_grants.load(), 2);
 }
 
 TEST(PdRouter, TtftAsksEveryCandidateAndPicksTheLowestPrediction) {

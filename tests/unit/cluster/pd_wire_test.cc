@@ -138,6 +138,21 @@ TEST(PdWire, TheHandoffMessagesCrossWhole) {
   EXPECT_EQ(p2->decode.held_blocks, 2);
   EXPECT_EQ(p2->decode.transfer, a.transfer);
   EXPECT_EQ(p2->request.prompt, p.request.prompt);
+  EXPECT_EQ(p2->grants_key, 0u);
+  // The grants following the prefill request: with a reservation, and without.
+  PrefillRequest keyed{FullRequest(), {}, 18446744073709551615ULL};
+  auto k2 = PrefillRequestFromJson(PrefillRequestToJson(keyed));
+  ASSERT_TRUE(k2.ok()) << k2.error().ToString();
+  EXPECT_EQ(k2->grants_key, keyed.grants_key);
+  EXPECT_TRUE(k2->decode.grants.empty());
+  auto g = GrantsMessageFromJson(GrantsMessageToJson({9, a}));
+  ASSERT_TRUE(g.ok()) << g.error().ToString();
+  EXPECT_EQ(g->key, 9u);
+  ASSERT_TRUE(g->decode.has_value());
+  EXPECT_EQ(g->decode->grants, a.grants);
+  auto none = GrantsMessageFromJson(GrantsMessageToJson({9, std::nullopt}));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->decode.has_value());
 
   DecodeRequest d{7, 3, {1, 18446744073709551615ULL, 3}, FullRequest()};
   auto d2 = DecodeRequestFromJson(DecodeRequestToJson(d));
