@@ -60,6 +60,7 @@ struct RouterFlags {
   int max_n = 16;
   int64_t lease_ms = 30000;
   int max_attempts = 4;
+  bool reserve_beside_prefill = true;
   std::string routing = "least-loaded";
   std::string slo;
   std::string calibration;
@@ -206,6 +207,7 @@ int Run(const RouterFlags& f) {
   if (!internal.empty()) ro.auth.emplace_back("Authorization", "Bearer " + internal);
   ro.lease_ms = f.lease_ms;
   ro.max_attempts = f.max_attempts;
+  ro.overlap_reserve = f.reserve_beside_prefill;
   ro.routing = *scheduler::RoutingPolicyFromName(f.routing);  // IsMember checked it
   if (Status s = ParseSlo(f.slo, &ro.slo_ttft_seconds, &ro.slo_tpot_seconds); !s.ok()) return Fail(s);
   if (!f.calibration.empty()) {
@@ -339,6 +341,10 @@ void RegisterRouter(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-attempts", f->max_attempts,
                   "handoffs tried per request (a failed prefill or a broken decode stream starts another)")
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--reserve-beside-prefill", f->reserve_beside_prefill,
+                  "reserve at the decode instance while the prefill runs (its grants follow the prefill request); "
+                  "false: reserve first, then send the prefill")
       ->capture_default_str();
   cmd->add_option("--shutdown-grace-seconds", f->shutdown_grace_seconds,
                   "on SIGTERM, time in-flight requests get to finish before they are cancelled")
