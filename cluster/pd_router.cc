@@ -284,7 +284,11 @@ void PdRouter::LookUp(const Flight& f, Phase phase, const std::vector<PdInstance
   // delays the choice by its own time, not by the sum of all of them.
   std::vector<Result<LookupReply>> replies(cands.size(), Result<LookupReply>(Status::Unavailable("not asked")));
   auto ask = [&](size_t i) {
-    auto r = HttpCall(cands[i].host, cands[i].port, "POST", "/internal/pd/lookup", q, options_.auth, 1.0);
+    // On a kept-alive connection of the pool (a call that timed out or
+    // failed closes its connection, which then is not returned).
+    std::shared_ptr<HttpConnection> conn = TakeConnection(cands[i].host, cands[i].port);
+    auto r = conn->Call("POST", "/internal/pd/lookup", q, options_.auth, 1.0);
+    if (r.ok() && conn->connected()) ReturnConnection(cands[i].host, cands[i].port, std::move(conn));
     replies[i] = r && r->status == 200 ? LookupReplyFromJson(r->body) : Result<LookupReply>(Status::Unavailable(Describe(r)));
   };
   std::vector<std::thread> askers;

@@ -249,8 +249,8 @@ class PdRouter final : public scheduler::EngineClient {
   bool Pick(Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
             PdInstance* out, std::pair<double, double>* predicted = nullptr);
   // Asks every candidate's /internal/pd/lookup at once (one thread each
-  // beyond the first; 1 s timeout; one that does not answer keeps what `rc`
-  // had) and fills `rc` in. Called without mu_ held.
+  // beyond the first, on pooled connections; 1 s timeout; one that does not
+  // answer keeps what `rc` had) and fills `rc` in. Called without mu_ held.
   void LookUp(const Flight& f, Phase phase, const std::vector<PdInstance>& cands,
               std::vector<scheduler::RouteCandidate>* rc);
   scheduler::CalibratedRates Calibrated(const std::string& name) const;
