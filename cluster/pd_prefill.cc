@@ -113,13 +113,8 @@ bool PdPrefill::Handle(const std::string& method, const std::string& path, const
     uint64_t expected = 0;
     f->engine_id.compare_exchange_strong(expected, id.value());
     f->computed = computed;
-    const auto table = kv_->BlockTable(id);
-    const int32_t full = std::min(computed / block_size_, static_cast<int32_t>(table.size()));
-    const uint64_t before = f->checksums.size();
-    Send(*f, std::min(full, f->decode.blocks), [&table](int32_t i) { return static_cast<uint64_t>(table[i]); });
-    // Overlapped: queued while the rest of the prompt is still to compute.
+    SendFilled(*f, id);
     const auto prompt_len = static_cast<int32_t>(f->request.prompt.size());
-    if (computed < prompt_len) f->early += f->checksums.size() - before;
     // The prompt is done: pin its blocks while the request still holds them.
     if (computed >= prompt_len && f->pin == 0) (void)Pin(*f);
   };
@@ -220,11 +215,7 @@ void PdPrefill::HandOver(const std::shared_ptr<Flight>& f) {
   }
   // Pinned when the prompt was done (else now: the blocks the request just
   // released are still named); send those not sent yet.
-  if (f->pin != 0 || Pin(*f)) {
-    const kvcache::KvManager::Reservation* r = kv_->reservation(f->pin);
-    const int32_t have = r->held_blocks;  // computed here and still named
-    Send(*f, std::min(have, f->decode.blocks), [r](int32_t i) { return r->blocks[static_cast<size_t>(i)].value(); });
-  }
+  if (f->pin != 0 || Pin(*f)) SendPinned(*f);
   if (!f->grants_ready) {
     // The grants are still to come: ApplyGrants (or Expire) answers.
     f->handed_over = true;
@@ -284,20 +275,26 @@ void PdPrefill::ApplyGrants(const std::shared_ptr<Flight>& f, const std::optiona
     f->open_error = open_error;
   }
   if (f->handed_over) {
-    if (f->pin != 0) {
-      const kvcache::KvManager::Reservation* r = kv_->reservation(f->pin);
-      Send(*f, std::min(r->held_blocks, f->decode.blocks),
-           [r](int32_t i) { return r->blocks[static_cast<size_t>(i)].value(); });
-    }
+    if (f->pin != 0) SendPinned(*f);
     return Queue(f);
   }
   // Still computing: what is full goes now, the rest from on_computed.
-  if (f->computed == 0) return;
-  const auto table = kv_->BlockTable(RequestId(f->engine_id.load()));
-  const int32_t full = std::min(f->computed / block_size_, static_cast<int32_t>(table.size()));
-  const uint64_t before = f->checksums.size();
-  Send(*f, std::min(full, f->decode.blocks), [&table](int32_t i) { return static_cast<uint64_t>(table[i]); });
-  if (f->computed < static_cast<int32_t>(f->request.prompt.size())) f->early += f->checksums.size() - before;
+  if (f->computed > 0) SendFilled(*f, RequestId(f->engine_id.load()));
+}
+
+void PdPrefill::SendFilled(Flight& f, RequestId id) {
+  const auto table = kv_->BlockTable(id);
+  const int32_t full = std::min(f.computed / block_size_, static_cast<int32_t>(table.size()));
+  const uint64_t before = f.checksums.size();
+  Send(f, std::min(full, f.decode.blocks), [&table](int32_t i) { return static_cast<uint64_t>(table[i]); });
+  // Overlapped: queued while the rest of the prompt is still to compute.
+  if (f.computed < static_cast<int32_t>(f.request.prompt.size())) f.early += f.checksums.size() - before;
+}
+
+void PdPrefill::SendPinned(Flight& f) {
+  const kvcache::KvManager::Reservation* r = kv_->reservation(f.pin);
+  const int32_t have = r->held_blocks;  // computed here and still named
+  Send(f, std::min(have, f.decode.blocks), [r](int32_t i) { return r->blocks[static_cast<size_t>(i)].value(); });
 }
 
 void PdPrefill::Expire(const std::shared_ptr<Flight>& f, const std::string& why) {

@@ -123,6 +123,12 @@ class PdPrefill {
   // Engine thread (or any, once the engine stopped): the grants did not
   // come in time; the flight answers with no block written.
   void Expire(const std::shared_ptr<Flight>& f, const std::string& why);
+  // Engine thread: queues the blocks the running request `id` has filled
+  // (f.computed prompt tokens), counting those queued before the prompt's
+  // end as early.
+  void SendFilled(Flight& f, RequestId id);
+  // Engine thread: queues the blocks of the flight's pin (f.pin != 0) not sent yet.
+  void SendPinned(Flight& f);
   // Engine thread: queues the writes of blocks [next, end); block i is `block_of(i)`.
   void Send(Flight& f, int32_t end, const std::function<uint64_t(int32_t)>& block_of);
   // Engine thread, once the prompt's blocks are all full (still held by the

@@ -68,22 +68,30 @@ struct HandOff {
 void ContinueAt(int decode_port, uint64_t id, const scheduler::EngineRequest& request, const SimpleHttpResponse& p,
                 HandOff* out);
 
-// `lease_ms`, `stall`: a lease that lapses before the prefill instance
-// writes (the test waits `stall` in between).
-HandOff RunHandOff(int prefill_port, int decode_port, uint64_t id, const scheduler::EngineRequest& request,
-                   int64_t lease_ms = 20000, std::chrono::milliseconds stall = {}) {
-  HandOff h;
+// Reserves the request's blocks at the decode instance for "prefill-a";
+// false (and failed expectations) when it did not answer a reservation.
+bool ReserveAt(int decode_port, uint64_t id, const scheduler::EngineRequest& request, int64_t lease_ms,
+               cluster::ReserveReply* out) {
   cluster::ReserveRequest q{id, request.prompt, request.cache_salt, lease_ms, "prefill-a"};
   auto r = SimpleHttp(decode_port, "POST", "/internal/pd/reserve", cluster::ReserveRequestToJson(q));
   EXPECT_EQ(r.status, 200) << r.body;
   auto reserve = cluster::ReserveReplyFromJson(r.body);
   EXPECT_TRUE(reserve.ok()) << r.body;
-  if (!reserve.ok()) return h;
-  h.reserve = *reserve;
+  if (!reserve.ok()) return false;
+  *out = *reserve;
+  return true;
+}
+
+// `lease_ms`, `stall`: a lease that lapses before the prefill instance
+// writes (the test waits `stall` in between).
+HandOff RunHandOff(int prefill_port, int decode_port, uint64_t id, const scheduler::EngineRequest& request,
+                   int64_t lease_ms = 20000, std::chrono::milliseconds stall = {}) {
+  HandOff h;
+  if (!ReserveAt(decode_port, id, request, lease_ms, &h.reserve)) return h;
   std::this_thread::sleep_for(stall);
 
   auto p = SimpleHttp(prefill_port, "POST", "/internal/pd/prefill",
-                      cluster::PrefillRequestToJson({request, *reserve}), {}, 120);
+                      cluster::PrefillRequestToJson({request, h.reserve}), {}, 120);
   ContinueAt(decode_port, id, request, p, &h);
   return h;
 }
@@ -276,15 +284,9 @@ TEST(PdHandoffGrants, GrantsThatFollowThePrefillRequestAreUsedWheneverTheyCome) 
   auto run = [&](uint64_t id, const std::vector<int32_t>& prompt, Grants how, int* grants_status) {
     HandOff h;
     const scheduler::EngineRequest request = Request(prompt, 0, 0);
-    cluster::ReserveRequest q{id, prompt, "", 20000, "prefill-a"};
-    auto r = SimpleHttp(pd, "POST", "/internal/pd/reserve", cluster::ReserveRequestToJson(q));
-    EXPECT_EQ(r.status, 200) << r.body;
-    auto reserve = cluster::ReserveReplyFromJson(r.body);
-    EXPECT_TRUE(reserve.ok()) << r.body;
-    if (!reserve.ok()) return h;
-    h.reserve = *reserve;
+    if (!ReserveAt(pd, id, request, 20000, &h.reserve)) return h;
     cluster::GrantsMessage g{id, std::nullopt};
-    if (how != Grants::kNone) g.decode = *reserve;
+    if (how != Grants::kNone) g.decode = h.reserve;
     auto send_grants = [&] {
       *grants_status = SimpleHttp(pp, "POST", "/internal/pd/grants", cluster::GrantsMessageToJson(g)).status;
     };
@@ -345,7 +347,9 @@ TEST(PdHandoffGrants, GrantsThatFollowThePrefillRequestAreUsedWheneverTheyCome) 
     EXPECT_EQ(h.prefill.blocks_written, 0);
     EXPECT_EQ(h.decode_cached, 0) << "recomputed";
     EXPECT_EQ(h.text, ref3.text);
-    if (how == Grants::kNever) EXPECT_GE(waited, 1.5) << "the prefill waited for its grants";
+    if (how == Grants::kNever) {
+      EXPECT_GE(waited, 1.5) << "the prefill waited for its grants";
+    }
   }
   for (int port : {pp, pd, pc}) ExpectPoolEmpty(port);
   const std::string mp = Metrics(pp);
