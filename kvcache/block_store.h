@@ -105,8 +105,10 @@ class BlockStore {
   // error (the block simply is not there later). A region the store cannot
   // reach (unregistered, out of bounds, the wrong length, memory of a kind
   // it cannot address such as device memory) is refused at once with an
-  // error naming it, nothing queued. Metadata-only stores take an empty
-  // Region{} (length 0) and move no bytes.
+  // error naming it, nothing queued. A queued write that Remove or Flush
+  // overtakes completes with kCancelled (not a failure: the block was
+  // wanted gone). Metadata-only stores take an empty Region{} (length 0)
+  // and move no bytes.
   virtual Status SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) = 0;
   // Queues a read of `h` into region `dst` (block_bytes long, registered and
   // untouched by others until the completion is polled). A missing, corrupt

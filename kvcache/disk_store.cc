@@ -643,7 +643,7 @@ bool DiskStoreImpl::Start(uint64_t id, Op& op) {
   }
   if (op.cancelled) {
     ForgetWriting(op);
-    Finish(op.tag, Status::NotFound("disk store: block removed before it was written"));
+    Finish(op.tag, Status::Cancelled("disk store: block removed or flushed before it was written"));
     return false;
   }
   std::optional<uint32_t> slot = AllocateSlot();
@@ -715,7 +715,7 @@ void DiskStoreImpl::CompleteWrite(Op& op, int32_t res) {
   }
   if (op.cancelled) {
     FreeSlot(slot);
-    Finish(op.tag, Status::NotFound("disk store: block removed before it was written"));
+    Finish(op.tag, Status::Cancelled("disk store: block removed or flushed before it was written"));
     return;
   }
   // Only now, with the data on disk, may the index point at it.

@@ -675,6 +675,9 @@ void TierMover::Complete(const StoreCompletion& c) {
   if (c.status.ok()) {
     stats_.bytes_down += bytes;
     ts.bytes_down += bytes;
+  } else if (c.status.code() == StatusCode::kCancelled) {
+    // Removed or flushed (an operator's flush) while queued: wanted gone.
+    STRATA_LOG_DEBUG("kv manager: write to {} cancelled: {}", lowers_[t].name, c.status.ToString());
   } else {
     ++stats_.writes_failed;
     ++ts.writes_failed;

@@ -242,7 +242,7 @@ TEST(DiskStoreTest, RemoveWhileTheWriteIsInFlight) {
   std::vector<StoreCompletion> done;
   s->Drain(&done);
   ASSERT_EQ(done.size(), 1u);
-  EXPECT_FALSE(done[0].status.ok());
+  EXPECT_EQ(done[0].status.code(), StatusCode::kCancelled) << done[0].status.ToString();
   EXPECT_FALSE(s->Contains(HashOf(5)));
   // Writing it again works.
   WriteBlocks(*s, {5}, Ns(1));

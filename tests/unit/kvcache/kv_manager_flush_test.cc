@@ -215,6 +215,28 @@ TEST_F(KvManagerFlushTest, OnlyTheNamedTiersAreFlushed) {
   EXPECT_EQ(m.lower_tier_tokens[1], 8);
 }
 
+// An operator's flush that overtakes queued disk writes cancels them; a
+// cancelled write is not a failed one (strata_kv_tier_write_failures_total
+// counts only writes that could not be done).
+TEST_F(KvManagerFlushTest, WritesAFlushOvertakesAreCancelledNotFailed) {
+  const auto p = Seq(13, 600);  // 3 full blocks
+  Open(1, p);                   // committed: the writes are queued, not yet polled
+  mgr_->Free(RequestId(1));
+  auto r = mgr_->Flush(false, {false, true});
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  for (int i = 0; i < 10000 && mgr_->device_pool().stats().in_use > 0; ++i) {
+    mgr_->Poll();
+    usleep(100);
+  }
+  KvManagerStats s = mgr_->stats();
+  ASSERT_EQ(s.tiers.size(), 2u);
+  EXPECT_EQ(s.tiers[1].writes, 3u);
+  EXPECT_EQ(s.writes_failed, 0u);
+  EXPECT_EQ(s.tiers[1].writes_failed, 0u);
+  EXPECT_EQ(disk_->stats().blocks, 0u) << "a cancelled write must not land";
+  EXPECT_EQ(host_->stats().blocks, 3u);
+}
+
 TEST_F(KvManagerFlushTest, OtherNamespacesOnTheDiskAreKeptUnlessAllAreAsked) {
   const auto p = Seq(9, 400);
   Run(1, p);
