@@ -5,8 +5,10 @@
 // down to host and disk, reloaded from both, and running requests are
 // preempted and recomputed; some requests are cancelled (queued or mid-flight)
 // and some have short deadlines. Afterwards:
-//   - the stress really happened (preemptions, device evictions, lower-tier
-//     hits from host and from disk, all > 0);
+//   - the stress really happened (preemptions, device evictions, device and
+//     lower-tier hits, all > 0);
+//   - then, deterministically, a prompt flushed out of the tiers above is
+//     served whole from the host alone and from the disk alone, exactly;
 //   - every request got exactly one final event, with a reason that fits what
 //     was done to it;
 //   - every greedy output (finished or cut short) is the same as, or a prefix
