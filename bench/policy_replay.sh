@@ -9,7 +9,7 @@
 # HOST_WRITE_POLICY is set. Prints per run the hit ratio (tokens), TTFT
 # p50/p90/mean and the run's length; then `strata bench simulate` of the
 # same configuration per policy (the hit ratio in blocks that the live run
-# should reproduce).
+# should reproduce; requests over the model's context are skipped in both).
 #
 # Usage: bench/policy_replay.sh [OUT_DIR]
 #   env: STRATA (build/tools/strata), MODEL (bench-110m q8_0 synthesised into
@@ -35,6 +35,10 @@ MODEL=${MODEL:-$OUT/bench-110m-q8_0.gguf}
 if [ ! -f "$MODEL" ]; then
   "$STRATA" model synth --preset bench-110m --dtype q8_0 --out "$MODEL" >/dev/null 2>&1
 fi
+# The model's context: the server refuses longer requests (bench run counts
+# them as skipped), so the simulator must skip the same ones.
+CTX=$("$STRATA" model info "$MODEL" 2>/dev/null | sed -n 's/^context *\([0-9]*\) tokens.*/\1/p')
+CTX=${CTX:-4096}
 BLOCK_BYTES=589824  # bench-110m: 12 layers x 2 x 16 tokens x 768 x f16
 WRITE=()
 if [ -n "${HOST_WRITE_POLICY:-}" ]; then WRITE=(--kv-host-write-policy "$HOST_WRITE_POLICY"); fi
@@ -84,7 +88,7 @@ for p in "${policies[@]}"; do
   sim_write=()
   if [ -n "${HOST_WRITE_POLICY:-}" ]; then sim_write=(--host-write-policy "$HOST_WRITE_POLICY"); fi
   "$STRATA" bench simulate --trace "$TRACE" --instances 1 --serial --max-requests "$MAX_REQUESTS" \
-    --tokens-per-hash-id 16 --device-bytes $((DEVICE_BLOCKS * BLOCK_BYTES)) --host-bytes $((HOST_BLOCKS * BLOCK_BYTES)) \
+    --max-model-len "$CTX" --tokens-per-hash-id 16 --device-bytes $((DEVICE_BLOCKS * BLOCK_BYTES)) --host-bytes $((HOST_BLOCKS * BLOCK_BYTES)) \
     --disk-bytes 0 "${sim_write[@]}" --kv-eviction-policy "$p" --json > "$OUT/sim-$p.json"
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(f'  {sys.argv[2]:<10} hit_ratio_blocks {j[\"hit_ratio_blocks\"]:.4f}  flat LRU {j[\"lru_hit_ratio_blocks\"]:.4f}  Belady {j[\"belady_hit_ratio_blocks\"]:.4f}')" "$OUT/sim-$p.json" "$p"
 done

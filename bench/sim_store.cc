@@ -77,7 +77,6 @@ Status SimStore::SubmitWrite(const BlockHash& h, const Sha256Digest& /*ns*/, con
     return Status::Ok();
   }
   if (index_.count(h) != 0) {
-    Touch(h);
     pending_.push({now, next_seq_++, tag, true, h, Status::Ok()});
     return Status::Ok();
   }

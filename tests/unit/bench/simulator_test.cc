@@ -436,6 +436,33 @@ TEST(SimStoreTest, CompletesAfterTheBandwidthDelayAndEvictsLru) {
   EXPECT_EQ(out[0].status.code(), StatusCode::kNotFound);
 }
 
+// Writing a block the tier already holds is one use of it, as in HostStore:
+// a frequency policy (s3fifo) must see the same counts simulated and live.
+TEST(SimStoreTest, RewritingAHeldBlockIsOneUse) {
+  kvcache::ManualClock clock(0);
+  SimStoreOptions o{"host", 4000, 1000, 0, 0};
+  o.eviction_policy = "s3fifo";
+  auto store = SimStore::Create(o, &clock);
+  ASSERT_TRUE(store.ok());
+  SimStore& s = **store;
+  BlockHash a;
+  a.digest[0] = 7;
+  std::vector<kvcache::StoreCompletion> out;
+  ASSERT_TRUE(s.SubmitWrite(a, {}, {}, 1).ok());
+  EXPECT_EQ(s.Poll(&out), 1u);
+  EXPECT_EQ(s.stats().policy.inserted, 1u);
+  EXPECT_EQ(s.stats().policy.hits, 0u);
+  ASSERT_TRUE(s.SubmitWrite(a, {}, {}, 2).ok());
+  EXPECT_EQ(s.Poll(&out), 1u);
+  EXPECT_EQ(s.stats().policy.inserted, 1u);
+  EXPECT_EQ(s.stats().policy.hits, 1u);
+  ASSERT_TRUE(s.SubmitRead(a, {}, 3).ok());
+  EXPECT_EQ(s.Poll(&out), 1u);
+  EXPECT_EQ(s.stats().policy.hits, 2u);
+  ASSERT_EQ(out.size(), 3u);
+  for (const auto& c : out) EXPECT_TRUE(c.status.ok());
+}
+
 TEST(ClusterConfigTest, ParsesOverridesAndRejectsUnknownKeys) {
   auto cfg = Config::Parse(
       "instances: 3\nrouting: longest-prefix\ninstance:\n  profile: h200-llama-8b\n  device_bytes: 8G\n"
