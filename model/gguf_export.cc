@@ -111,7 +111,7 @@ namespace {
 // The bytes of rows [r0, r1) of `t` converted to `to`, into `out`; with
 // head_dim > 0, row r is read from InterleavedSource(r) (same type: its
 // bytes, copied).
-void ConvertRows(const Tensor& t, DType to, int head_dim, int64_t r0, int64_t r1, uint8_t* out) {
+void ConvertRows(const Tensor& t, DType to, QuantFit fit, int head_dim, int64_t r0, int64_t r1, uint8_t* out) {
   const int64_t cols = t.cols();
   std::vector<float> row(static_cast<size_t>(cols));
   const size_t out_row = RowBytes(to, cols);
@@ -123,7 +123,7 @@ void ConvertRows(const Tensor& t, DType to, int head_dim, int64_t r0, int64_t r1
       continue;
     }
     cpu::DequantizeRow(t.type, src, row.data(), cols);
-    cpu::QuantizeRow(to, row.data(), dst, cols);
+    cpu::QuantizeRow(to, row.data(), dst, cols, fit);
   }
 }
 
@@ -139,7 +139,8 @@ std::vector<uint8_t> InterleavedVector(const Tensor& t, int head_dim) {
 
 // Streams `t` converted to `to` (rows head-permuted when head_dim > 0) into
 // `sink`, a chunk of rows at a time, the rows of a chunk split over `threads`.
-Status ProduceConverted(const Tensor& t, DType to, int head_dim, ThreadPool* pool, const GgufWriter::Sink& sink) {
+Status ProduceConverted(const Tensor& t, DType to, QuantFit fit, int head_dim, ThreadPool* pool,
+                        const GgufWriter::Sink& sink) {
   const int64_t rows = t.rows();
   const size_t out_row = RowBytes(to, t.cols());
   const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((size_t{16} << 20) / std::max<size_t>(out_row, 1)));
@@ -148,11 +149,11 @@ Status ProduceConverted(const Tensor& t, DType to, int head_dim, ThreadPool* poo
     const int64_t r1 = std::min(rows, r0 + chunk);
     if (pool != nullptr) {
       pool->ParallelFor(static_cast<size_t>(r1 - r0), 1, [&](size_t b, size_t e) {
-        ConvertRows(t, to, head_dim, r0 + static_cast<int64_t>(b), r0 + static_cast<int64_t>(e),
+        ConvertRows(t, to, fit, head_dim, r0 + static_cast<int64_t>(b), r0 + static_cast<int64_t>(e),
                     buf.data() + b * out_row);
       });
     } else {
-      ConvertRows(t, to, head_dim, r0, r1, buf.data());
+      ConvertRows(t, to, fit, head_dim, r0, r1, buf.data());
     }
     STRATA_RETURN_IF_ERROR(sink(buf.data(), static_cast<size_t>(r1 - r0) * out_row));
   }
@@ -212,8 +213,8 @@ Status WriteModelGguf(const ModelWeights& w, const TokenizerSpec& tok, const std
     ThreadPool* p = pool.get();
     // The Tensor is a view (copied); its bytes belong to `w`, which outlives Write().
     const int head_dim = heads > 0 ? c.head_dim : 0;
-    st = out.AddTensorProduced(name, to, t.ne, [t, to, head_dim, p](const GgufWriter::Sink& sink) {
-      return ProduceConverted(t, to, head_dim, p, sink);
+    st = out.AddTensorProduced(name, to, t.ne, [t, to, fit = opt.fit, head_dim, p](const GgufWriter::Sink& sink) {
+      return ProduceConverted(t, to, fit, head_dim, p, sink);
     });
   });
   STRATA_RETURN_IF_ERROR(st);

@@ -21,6 +21,7 @@ struct GgufExportOptions {
   std::map<std::string, DType> types;
   bool synthetic = false;  // mark the file as random weights (strata.synthetic)
   int threads = 1;         // threads converting (the caller's included)
+  QuantFit fit = QuantFit::kGgml;  // how converted tensors' block scales are chosen
 };
 // The same, with tensors converted as `opt` says (while writing: `w`'s
 // storage is read until this returns). InvalidArgument when a tensor's rows

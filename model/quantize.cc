@@ -96,6 +96,7 @@ Status WriteQuantizedGguf(const ModelWeights& w, const TokenizerSpec& tok, const
   for (const auto& t : plan.tensors)
     if (t.to != t.from) opt.types[t.name] = t.to;
   opt.synthetic = synthetic;
+  opt.fit = plan.fit;
   opt.threads = std::max(1, threads);
   return WriteModelGguf(w, tok, path, opt);
 }

@@ -20,9 +20,13 @@
 // for q4_k and q5_k it would pick q5_0 / q5_1, which Strata does not
 // implement, so there the census differs from llama.cpp's).
 //
-// Values are quantized with ggml's reference quantizers (QuantizeRow; no
-// importance matrix), from f32, f16 or bf16 weights; already quantized
-// weights are dequantized first only when allow_requantize is set.
+// Values are quantized from f32, f16 or bf16 weights (already quantized
+// weights are dequantized first only when allow_requantize is set), with
+// ggml's reference quantizers (no importance matrix) except as the plan's
+// `fit` says: by default q8_0 blocks take the least-squares scale
+// (QuantFit::kLeastSquares in model/backend/dtype.h), so a q8_0 file is
+// llama-quantize's byte for byte only with fit = kGgml; every other type's
+// bytes are ggml's either way.
 
 #include <cstdint>
 #include <map>
@@ -50,6 +54,7 @@ struct TensorQuantPlan {
 struct QuantizePlan {
   std::string recipe;
   std::vector<TensorQuantPlan> tensors;  // in file order
+  QuantFit fit = QuantFit::kLeastSquares;
   // Tensors per resulting type name ("q4_k" -> 154).
   std::map<std::string, int> Census() const;
 };

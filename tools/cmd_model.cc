@@ -188,7 +188,7 @@ int RunSynth(const SynthFlags& f) {
 }
 
 struct QuantizeFlags {
-  std::string model, out, dtype;
+  std::string model, out, dtype, fit = "least-squares";
   int threads = 0;
   bool allow_requantize = false, json = false;
 };
@@ -205,6 +205,7 @@ int RunQuantize(const QuantizeFlags& f) {
   const LoadedModel& m = **loaded;
   auto plan = PlanQuantization(m.weights, f.dtype, f.allow_requantize);
   if (!plan) return Fail("quantize", plan.error().WithContext(f.model));
+  plan->fit = f.fit == "ggml" ? QuantFit::kGgml : QuantFit::kLeastSquares;
   const int threads = f.threads > 0 ? f.threads : HardwareThreads();
   Status s = WriteQuantizedGguf(m.weights, m.tokenizer->spec(), *plan, m.synthetic, threads, f.out);
   // (A Hugging Face Llama directory loads with NeoX RoPE pairing, which GGUF
@@ -219,6 +220,7 @@ int RunQuantize(const QuantizeFlags& f) {
     j["model"] = f.model;
     j["out"] = f.out;
     j["dtype"] = f.dtype;
+    j["fit"] = f.fit;
     j["out_bytes"] = ec ? 0 : out_bytes;
     j["fallbacks"] = fallbacks;
     nlohmann::json ts = nlohmann::json::array();
@@ -284,6 +286,11 @@ void RegisterModel(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember(QuantizeRecipeNames(), CLI::ignore_case));
   quant->add_option("--threads", qf->threads, "threads converting (0 = all)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  quant->add_option("--fit", qf->fit,
+                    "how q8_0 blocks choose their scale: least-squares (the least squared error) or ggml "
+                    "(llama-quantize's bytes); other types are ggml's either way")
+      ->check(CLI::IsMember({"least-squares", "ggml"}))
       ->capture_default_str();
   quant->add_flag("--allow-requantize", qf->allow_requantize, "quantize tensors that are already quantized");
   quant->add_flag("--json", qf->json, "print the plan and census as one JSON object");

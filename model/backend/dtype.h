@@ -39,4 +39,11 @@ inline size_t RowBytes(DType t, int64_t n) {
 }
 inline bool IsQuantized(DType t) { return GetDTypeInfo(t).block_elems > 1; }
 
+// How a quantizer chooses each block's scale (cpu::QuantizeRow).
+enum class QuantFit {
+  kGgml,          // ggml's reference quantizers: llama-quantize's bytes
+  kLeastSquares,  // q8_0: the scale of least squared error after decoding,
+                  // of ggml's and a few larger ones; other types as kGgml
+};
+
 }  // namespace strata

@@ -94,6 +94,44 @@ void QuantizeRowQ8_0(const float* src, void* dst, int64_t n) {
   }
 }
 
+namespace {
+
+// Squared error of x against codes q at scale d (the decoded scale).
+double BlockSquaredError(const float* x, const int8_t* q, float d) {
+  double e = 0;
+  for (int j = 0; j < kQK8_0; ++j) {
+    const double r = static_cast<double>(x[j]) - static_cast<double>(static_cast<float>(q[j]) * d);
+    e += r * r;
+  }
+  return e;
+}
+
+}  // namespace
+
+void QuantizeRowQ8_0LeastSquares(const float* src, void* dst, int64_t n) {
+  constexpr int kCandidates = 8;  // m = 127 - k / 2, k = 0..8: steps up to ~3% coarser
+  auto* b = static_cast<BlockQ8_0*>(dst);
+  for (int64_t i = 0; i < n / kQK8_0; ++i, src += kQK8_0) {
+    QuantizeRowQ8_0(src, &b[i], kQK8_0);  // ggml's codes: the first candidate
+    double best = BlockSquaredError(src, b[i].qs, F16ToF32(b[i].d));
+    float amax = 0.f;
+    for (int j = 0; j < kQK8_0; ++j) amax = std::fmax(amax, std::fabs(src[j]));
+    BlockQ8_0 c;
+    for (int k = 0; k <= kCandidates && best > 0; ++k) {
+      c.d = F32ToF16(amax / (127.f - 0.5f * static_cast<float>(k)));
+      const float d = F16ToF32(c.d);
+      const float id = d != 0.f ? 1.f / d : 0.f;
+      for (int j = 0; j < kQK8_0; ++j)
+        c.qs[j] = static_cast<int8_t>(std::fmax(-127.f, std::fmin(127.f, std::round(src[j] * id))));
+      const double e = BlockSquaredError(src, c.qs, d);
+      if (e < best) {
+        best = e;
+        b[i] = c;
+      }
+    }
+  }
+}
+
 }  // namespace internal
 
 void PackScaleMinK4(const uint8_t sc[8], const uint8_t m[8], uint8_t scales[12]) {
@@ -146,6 +184,14 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
       QuantizeRowQ6_K(src, dst, whole);
       return;
   }
+}
+
+void QuantizeRow(DType t, const float* src, void* dst, int64_t n, QuantFit fit) {
+  if (fit == QuantFit::kLeastSquares && t == DType::kQ8_0 && n > 0) {
+    internal::QuantizeRowQ8_0LeastSquares(src, dst, n - n % GetDTypeInfo(t).block_elems);
+    return;
+  }
+  QuantizeRow(t, src, dst, n);
 }
 
 void ConvertRow(DType dst_type, const float* src, void* dst, int64_t n) {

@@ -169,6 +169,14 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 // QuantRoundTripTest.BytesEqualGgmlReferenceQuantizers). Inputs must be finite for the
 // quantized types; non-finite values give unspecified (but in-bounds) codes.
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n);
+// The same with the scale chosen by `fit`. kLeastSquares changes q8_0 only:
+// per block it decodes ggml's codes and those of the scales amax / m, m =
+// 127, 126.5, ..., 123 (each rounded to f16 first, the codes computed
+// against the rounded scale), and keeps the one with the least squared
+// error (ggml's on a tie). So no block's error exceeds ggml's, and every
+// element is within half a step of the stored scale. Offline use (model
+// files): about 10x ggml's cost.
+void QuantizeRow(DType t, const float* src, void* dst, int64_t n, QuantFit fit);
 
 // The same as QuantizeRow; named for its common use, storing activations
 // (K/V rows) as f32, f16 or bf16, where it takes the SIMD path.

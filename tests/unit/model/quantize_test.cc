@@ -172,8 +172,9 @@ double RmsBound(DType t) {
 double MaxLogitDiff(const ModelWeights& a, const ModelWeights& b);
 
 // Every tensor of `got` (loaded from a file written by `plan` from `w`) has
-// the type the plan says, and each row the bytes the reference quantizer
-// gives for the same row of `w` decoded to f32, within the type's bound.
+// the type the plan says, and each row the bytes the quantizer gives (with
+// the plan's fit) for the same row of `w` decoded to f32, within the type's
+// bound.
 void ExpectReferenceBytes(const ModelWeights& w, const QuantizePlan& plan, const ModelWeights& got_w) {
   std::map<std::string, const Tensor*> got, src;
   ForEachWeightTensor(got_w, [&](const std::string& name, const Tensor& t) { got[name] = &t; });
@@ -192,7 +193,7 @@ void ExpectReferenceBytes(const ModelWeights& w, const QuantizePlan& plan, const
     double err2 = 0, sum2 = 0;
     for (int64_t r = 0; r < t->rows(); ++r) {
       cpu::DequantizeRow(s->type, s->row(r), x.data(), cols);
-      cpu::QuantizeRow(tp.to, x.data(), want.data(), cols);
+      cpu::QuantizeRow(tp.to, x.data(), want.data(), cols, plan.fit);
       ASSERT_EQ(0, std::memcmp(want.data(), t->row(r), want.size())) << tp.name << " row " << r;
       cpu::DequantizeRow(t->type, t->row(r), y.data(), cols);
       for (int64_t k = 0; k < cols; ++k) {
@@ -207,11 +208,14 @@ void ExpectReferenceBytes(const ModelWeights& w, const QuantizePlan& plan, const
 }
 
 // Writes `w` by `recipe` into `dir`, loads the file and checks its bytes.
-void QuantizeAndCheck(const ModelWeights& w, const std::string& recipe, const std::string& dir) {
-  SCOPED_TRACE(recipe);
+void QuantizeAndCheck(const ModelWeights& w, const std::string& recipe, const std::string& dir,
+                      QuantFit fit = QuantFit::kLeastSquares) {
+  SCOPED_TRACE(recipe + (fit == QuantFit::kGgml ? " (ggml fit)" : ""));
   auto plan = PlanQuantization(w, recipe, false);
   ASSERT_TRUE(plan) << plan.error().ToString();
-  const std::string path = dir + "/" + recipe + ".gguf";
+  EXPECT_EQ(plan->fit, QuantFit::kLeastSquares);  // the default
+  plan->fit = fit;
+  const std::string path = dir + "/" + recipe + (fit == QuantFit::kGgml ? "-ggml" : "") + ".gguf";
   ASSERT_TRUE(WriteQuantizedGguf(w, SyntheticVocab(w.config.vocab_size), *plan, true, 2, path).ok());
   auto m = LoadModel(path);
   ASSERT_TRUE(m) << m.error().ToString();
@@ -225,6 +229,7 @@ TEST(Quantize, WrittenFilesHoldTheReferenceQuantizersBytesWithinEachFormatsBound
   ModelWeights w = Synth(Shape(256, 2, 512, 512));
   for (const char* recipe : {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "f16", "bf16"})
     QuantizeAndCheck(w, recipe, dir);
+  QuantizeAndCheck(w, "q8_0", dir, QuantFit::kGgml);  // llama-quantize's bytes
 }
 
 // f16 and bf16 files quantize from their decoded values, and convert to
