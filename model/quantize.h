@@ -23,8 +23,8 @@
 // Values are quantized from f32, f16 or bf16 weights (already quantized
 // weights are dequantized first only when allow_requantize is set), with
 // ggml's reference quantizers (no importance matrix) except as the plan's
-// `fit` says: by default q8_0 blocks take the least-squares scale
-// (QuantFit::kLeastSquares in model/backend/dtype.h), so a q8_0 file is
+// `fit` says: by default q8_0 and q4_0 blocks take the least-squares scale
+// (QuantFit::kLeastSquares in model/backend/dtype.h), so their files are
 // llama-quantize's byte for byte only with fit = kGgml; every other type's
 // bytes are ggml's either way.
 

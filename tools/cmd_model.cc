@@ -288,8 +288,8 @@ void RegisterModel(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   quant->add_option("--fit", qf->fit,
-                    "how q8_0 blocks choose their scale: least-squares (the least squared error) or ggml "
-                    "(llama-quantize's bytes); other types are ggml's either way")
+                    "how q8_0 and q4_0 blocks choose their scale: least-squares (the least squared error) or "
+                    "ggml (llama-quantize's bytes); other types are ggml's either way")
       ->check(CLI::IsMember({"least-squares", "ggml"}))
       ->capture_default_str();
   quant->add_flag("--allow-requantize", qf->allow_requantize, "quantize tensors that are already quantized");

@@ -42,8 +42,8 @@ inline bool IsQuantized(DType t) { return GetDTypeInfo(t).block_elems > 1; }
 // How a quantizer chooses each block's scale (cpu::QuantizeRow).
 enum class QuantFit {
   kGgml,          // ggml's reference quantizers: llama-quantize's bytes
-  kLeastSquares,  // q8_0: the scale of least squared error after decoding,
-                  // of ggml's and a few larger ones; other types as kGgml
+  kLeastSquares,  // q8_0, q4_0: the scale of least squared error after
+                  // decoding, of ggml's and a few others; other types as kGgml
 };
 
 }  // namespace strata

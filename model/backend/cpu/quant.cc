@@ -106,7 +106,74 @@ double BlockSquaredError(const float* x, const int8_t* q, float d) {
   return e;
 }
 
+// Squared error of x against a Q4_0 block's decoded values.
+double BlockSquaredErrorQ4_0(const float* x, const BlockQ4_0& b) {
+  float y[kQK4_0];
+  DequantizeRowQ4_0Scalar(&b, y, kQK4_0);
+  double e = 0;
+  for (int j = 0; j < kQK4_0; ++j) e += (static_cast<double>(x[j]) - y[j]) * (static_cast<double>(x[j]) - y[j]);
+  return e;
+}
+
+// Codes of x (l - 8, l in [0, 15]) against the scale stored in b.d.
+void EncodeQ4_0(const float* x, BlockQ4_0* b) {
+  const float d = F16ToF32(b->d);
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  for (int j = 0; j < kQK4_0 / 2; ++j) {
+    const float v0 = std::fmax(0.f, std::fmin(15.f, std::round(x[j] * id) + 8.f));
+    const float v1 = std::fmax(0.f, std::fmin(15.f, std::round(x[j + kQK4_0 / 2] * id) + 8.f));
+    b->qs[j] = static_cast<uint8_t>(static_cast<int>(v0) | (static_cast<int>(v1) << 4));
+  }
+}
+
 }  // namespace
+
+void QuantizeRowQ4_0LeastSquares(const float* src, void* dst, int64_t n) {
+  // The largest element's code: -8 (ggml's), -7.5, -7, or +7, +6.5. Up to
+  // 36 finer candidates lowered the error on Gaussian blocks by a further
+  // 0.15% only, at 4x the time.
+  constexpr float kCodes[] = {8.f, 7.5f, 7.f, -7.f, -6.5f};
+  auto* b = static_cast<BlockQ4_0*>(dst);
+  for (int64_t i = 0; i < n / kQK4_0; ++i, src += kQK4_0) {
+    QuantizeRowQ4_0(src, &b[i], kQK4_0);  // ggml's: the first candidate
+    double best = BlockSquaredErrorQ4_0(src, b[i]);
+    float max = 0.f;
+    for (int j = 0; j < kQK4_0; ++j)
+      if (std::fabs(src[j]) > std::fabs(max)) max = src[j];
+    // The largest element at code -m; then the scale refitted to those
+    // codes by least squares, Σxl / Σl², with the codes recomputed once.
+    BlockQ4_0 c;
+    for (const float m : kCodes) {
+      if (best == 0) break;
+      c.d = F32ToF16(max / -m);
+      EncodeQ4_0(src, &c);
+      for (int refit = 0; refit < 2; ++refit) {
+        const double e = BlockSquaredErrorQ4_0(src, c);
+        if (e < best) {
+          best = e;
+          b[i] = c;
+        }
+        double sxl = 0, sll = 0;
+        for (int j = 0; j < kQK4_0 / 2; ++j) {
+          const int l0 = (c.qs[j] & 0xf) - 8, l1 = (c.qs[j] >> 4) - 8;
+          sxl += static_cast<double>(src[j]) * l0 + static_cast<double>(src[j + kQK4_0 / 2]) * l1;
+          sll += l0 * l0 + l1 * l1;
+        }
+        if (sll == 0) break;
+        c.d = F32ToF16(static_cast<float>(sxl / sll));
+        if (refit == 1) {  // the refitted scale with the same codes
+          const double e2 = BlockSquaredErrorQ4_0(src, c);
+          if (e2 < best) {
+            best = e2;
+            b[i] = c;
+          }
+        } else {
+          EncodeQ4_0(src, &c);  // and the codes again for it
+        }
+      }
+    }
+  }
+}
 
 void QuantizeRowQ8_0LeastSquares(const float* src, void* dst, int64_t n) {
   constexpr int kCandidates = 8;  // m = 127 - k / 2, k = 0..8: steps up to ~3% coarser
@@ -189,6 +256,10 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n, QuantFit fit) {
   if (fit == QuantFit::kLeastSquares && t == DType::kQ8_0 && n > 0) {
     internal::QuantizeRowQ8_0LeastSquares(src, dst, n - n % GetDTypeInfo(t).block_elems);
+    return;
+  }
+  if (fit == QuantFit::kLeastSquares && t == DType::kQ4_0 && n > 0) {
+    internal::QuantizeRowQ4_0LeastSquares(src, dst, n - n % GetDTypeInfo(t).block_elems);
     return;
   }
   QuantizeRow(t, src, dst, n);

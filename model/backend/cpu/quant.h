@@ -169,13 +169,18 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 // QuantRoundTripTest.BytesEqualGgmlReferenceQuantizers). Inputs must be finite for the
 // quantized types; non-finite values give unspecified (but in-bounds) codes.
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n);
-// The same with the scale chosen by `fit`. kLeastSquares changes q8_0 only:
-// per block it decodes ggml's codes and those of the scales amax / m, m =
-// 127, 126.5, ..., 123 (each rounded to f16 first, the codes computed
-// against the rounded scale), and keeps the one with the least squared
-// error (ggml's on a tie). So no block's error exceeds ggml's, and every
-// element is within half a step of the stored scale. Offline use (model
-// files): about 10x ggml's cost.
+// The same with the scale chosen by `fit`. kLeastSquares changes q8_0 and
+// q4_0 (the K-quants' ggml quantizers already search their scales). Per
+// block it decodes ggml's codes and those of a few other scales, and keeps
+// the one with the least squared error (ggml's on a tie), so no block's
+// error exceeds ggml's:
+//   q8_0: amax / m, m = 127, 126.5, ..., 123, each rounded to f16 first and
+//         the codes computed against the rounded scale (every element stays
+//         within half a step of the stored scale);
+//   q4_0: the element of largest magnitude at code -8, -7.5, -7, +7 or
+//         +6.5, then the scale refitted to the codes (Σxl / Σl²) and the
+//         codes recomputed.
+// Offline use (model files): about 5x ggml's time for q8_0, 10x for q4_0.
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n, QuantFit fit);
 
 // The same as QuantizeRow; named for its common use, storing activations

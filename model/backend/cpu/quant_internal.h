@@ -20,6 +20,7 @@ void QuantizeRowBF16Scalar(const float* src, void* dst, int64_t n);
 void QuantizeRowQ4_0(const float* src, void* dst, int64_t n);
 void QuantizeRowQ8_0(const float* src, void* dst, int64_t n);
 void QuantizeRowQ8_0LeastSquares(const float* src, void* dst, int64_t n);
+void QuantizeRowQ4_0LeastSquares(const float* src, void* dst, int64_t n);
 void QuantizeRowQ4_K(const float* src, void* dst, int64_t n);
 void QuantizeRowQ5_K(const float* src, void* dst, int64_t n);
 void QuantizeRowQ6_K(const float* src, void* dst, int64_t n);
