@@ -2,7 +2,10 @@
 // includes Asio/Beast for HTTP (they compile slowly).
 //
 // Shape of a connection (all on the connection's strand unless noted):
-//   - One read loop reads into `in_` for the whole life of the socket. While
+//   - One read loop reads into `read_buf_` and appends to `in_` for the whole
+//     life of the socket (never into in_.prepare(): a pipelined request
+//     consumed from in_ while the read is pending moves in_'s write position,
+//     and the read's bytes would land where commit() does not look). While
 //     a request is being read, Beast's parser is fed from `in_` (put()); while
 //     a response is under way the loop keeps reading (up to kMaxBufferedIn,
 //     kept for a pipelined next request), so a client that hangs up is seen at
@@ -33,10 +36,12 @@
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
 
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -250,6 +255,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Strand state.
   State state_ = State::kReading;
   boost::beast::flat_buffer in_;
+  std::array<char, kReadChunk> read_buf_;  // the pending read's target
   bool read_pending_ = false;
   bool peer_gone_ = false;  // read EOF while a write was in flight
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -510,7 +516,7 @@ void Connection::DoRead() {
   // While a response runs, keep a bounded amount of a pipelined next request.
   if (state_ == State::kResponding && in_.size() >= kMaxBufferedIn) return;
   read_pending_ = true;
-  socket_.async_read_some(in_.prepare(kReadChunk),
+  socket_.async_read_some(asio::buffer(read_buf_),
                           [self = shared_from_this()](error_code ec, size_t n) { self->OnRead(ec, n); });
 }
 
@@ -528,6 +534,8 @@ void Connection::OnRead(error_code ec, size_t n) {
     Close(state_ == State::kResponding);
     return;
   }
+  auto space = in_.prepare(n);
+  std::memcpy(space.data(), read_buf_.data(), n);
   in_.commit(n);
   switch (state_) {
     case State::kReading:

@@ -477,6 +477,39 @@ TEST_F(HttpServerTest, ConnectionCloseHonouredAndPipelinedRequestsAnsweredInOrde
   EXPECT_EQ(got3.rfind("HTTP/1.0 200", 0), 0u) << got3;
 }
 
+// A request that arrives while a response is under way waits in the
+// connection's input; the read loop keeps a read pending meanwhile. Once the
+// waiting request has been taken out, the next one must still be read where
+// the parser looks. (The read used to target in_.prepare() taken while the
+// pipelined bytes were there: after they were consumed, the next request's
+// bytes landed past what commit() exposed, and the server parsed stale bytes:
+// a hang, or the old request answered twice. Found by PdRouter's tests.)
+TEST_F(HttpServerTest, ARequestAfterAPipelinedOneIsReadWhereTheParserLooks) {
+  StartServer();
+  int fd = RawConnect(port_);
+  ASSERT_GE(fd, 0);
+  // /hold keeps its response open; the echo waits behind it, read already.
+  ASSERT_TRUE(SendRaw(fd,
+                      "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"
+                      "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\n\r\npipelined-body"));
+  std::string got;
+  ASSERT_TRUE(RecvUntil(fd, &got, "first\n")) << got;
+  ASSERT_TRUE(WaitFor([&] { return HeldCount() == 1; }));
+  std::this_thread::sleep_for(50ms);  // the echo's bytes are in the server's input by now
+  {
+    std::lock_guard lock(mu_);
+    held_[0]->End();
+  }
+  ASSERT_TRUE(RecvUntil(fd, &got, "pipelined-body")) << got;
+  // The next request, shorter than the pipelined one, on the same connection.
+  ASSERT_TRUE(SendRaw(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nthird"));
+  std::string next;
+  EXPECT_TRUE(RecvUntil(fd, &next, "\r\n\r\nthird")) << next;
+  EXPECT_EQ(next.find("pipelined-body"), std::string::npos) << next;
+  ::close(fd);
+  EXPECT_EQ(handled_.load(), 3);
+}
+
 TEST_F(HttpServerTest, ExpectContinueGetsInterimResponse) {
   StartServer();
   int fd = RawConnect(port_);
