@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "model/backend/cpu/matmul_kernels.h"
 #include "model/backend/cpu/quant_internal.h"
@@ -96,22 +97,14 @@ void QuantizeRowQ8_0(const float* src, void* dst, int64_t n) {
 
 namespace {
 
-// Squared error of x against codes q at scale d (the decoded scale).
-double BlockSquaredError(const float* x, const int8_t* q, float d) {
+// Squared error of one 32-element block against x, decoded by `dequant`.
+static_assert(kQK4_0 == 32 && kQK8_0 == 32);
+template <typename Block>
+double BlockSquaredError(const float* x, const Block& b, void (*dequant)(const void*, float*, int64_t)) {
+  float y[32];
+  dequant(&b, y, 32);
   double e = 0;
-  for (int j = 0; j < kQK8_0; ++j) {
-    const double r = static_cast<double>(x[j]) - static_cast<double>(static_cast<float>(q[j]) * d);
-    e += r * r;
-  }
-  return e;
-}
-
-// Squared error of x against a Q4_0 block's decoded values.
-double BlockSquaredErrorQ4_0(const float* x, const BlockQ4_0& b) {
-  float y[kQK4_0];
-  DequantizeRowQ4_0Scalar(&b, y, kQK4_0);
-  double e = 0;
-  for (int j = 0; j < kQK4_0; ++j) e += (static_cast<double>(x[j]) - y[j]) * (static_cast<double>(x[j]) - y[j]);
+  for (int j = 0; j < 32; ++j) e += (static_cast<double>(x[j]) - y[j]) * (static_cast<double>(x[j]) - y[j]);
   return e;
 }
 
@@ -126,6 +119,19 @@ void EncodeQ4_0(const float* x, BlockQ4_0* b) {
   }
 }
 
+// The least-squares scale for b's codes, Σxl / Σl², as f16; nullopt when
+// every code is 0.
+std::optional<uint16_t> RefitQ4_0(const float* x, const BlockQ4_0& b) {
+  double sxl = 0, sll = 0;
+  for (int j = 0; j < kQK4_0 / 2; ++j) {
+    const int l0 = (b.qs[j] & 0xf) - 8, l1 = (b.qs[j] >> 4) - 8;
+    sxl += static_cast<double>(x[j]) * l0 + static_cast<double>(x[j + kQK4_0 / 2]) * l1;
+    sll += l0 * l0 + l1 * l1;
+  }
+  if (sll == 0) return std::nullopt;
+  return F32ToF16(static_cast<float>(sxl / sll));
+}
+
 }  // namespace
 
 void QuantizeRowQ4_0LeastSquares(const float* src, void* dst, int64_t n) {
@@ -136,41 +142,33 @@ void QuantizeRowQ4_0LeastSquares(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ4_0*>(dst);
   for (int64_t i = 0; i < n / kQK4_0; ++i, src += kQK4_0) {
     QuantizeRowQ4_0(src, &b[i], kQK4_0);  // ggml's: the first candidate
-    double best = BlockSquaredErrorQ4_0(src, b[i]);
+    double best = BlockSquaredError(src, b[i], DequantizeRowQ4_0Scalar);
+    auto keep_if_better = [&](const BlockQ4_0& c) {
+      const double e = BlockSquaredError(src, c, DequantizeRowQ4_0Scalar);
+      if (e < best) {
+        best = e;
+        b[i] = c;
+      }
+    };
     float max = 0.f;
     for (int j = 0; j < kQK4_0; ++j)
       if (std::fabs(src[j]) > std::fabs(max)) max = src[j];
-    // The largest element at code -m; then the scale refitted to those
-    // codes by least squares, Σxl / Σl², with the codes recomputed once.
-    BlockQ4_0 c;
+    // Per candidate: the largest element at code -m; the scale refitted to
+    // those codes and the codes recomputed for it; the scale refitted again.
     for (const float m : kCodes) {
       if (best == 0) break;
+      BlockQ4_0 c;
       c.d = F32ToF16(max / -m);
       EncodeQ4_0(src, &c);
-      for (int refit = 0; refit < 2; ++refit) {
-        const double e = BlockSquaredErrorQ4_0(src, c);
-        if (e < best) {
-          best = e;
-          b[i] = c;
-        }
-        double sxl = 0, sll = 0;
-        for (int j = 0; j < kQK4_0 / 2; ++j) {
-          const int l0 = (c.qs[j] & 0xf) - 8, l1 = (c.qs[j] >> 4) - 8;
-          sxl += static_cast<double>(src[j]) * l0 + static_cast<double>(src[j + kQK4_0 / 2]) * l1;
-          sll += l0 * l0 + l1 * l1;
-        }
-        if (sll == 0) break;
-        c.d = F32ToF16(static_cast<float>(sxl / sll));
-        if (refit == 1) {  // the refitted scale with the same codes
-          const double e2 = BlockSquaredErrorQ4_0(src, c);
-          if (e2 < best) {
-            best = e2;
-            b[i] = c;
-          }
-        } else {
-          EncodeQ4_0(src, &c);  // and the codes again for it
-        }
-      }
+      keep_if_better(c);
+      std::optional<uint16_t> d = RefitQ4_0(src, c);
+      if (!d) continue;
+      c.d = *d;
+      EncodeQ4_0(src, &c);
+      keep_if_better(c);
+      if (!(d = RefitQ4_0(src, c))) continue;
+      c.d = *d;
+      keep_if_better(c);
     }
   }
 }
@@ -180,7 +178,7 @@ void QuantizeRowQ8_0LeastSquares(const float* src, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ8_0*>(dst);
   for (int64_t i = 0; i < n / kQK8_0; ++i, src += kQK8_0) {
     QuantizeRowQ8_0(src, &b[i], kQK8_0);  // ggml's codes: the first candidate
-    double best = BlockSquaredError(src, b[i].qs, F16ToF32(b[i].d));
+    double best = BlockSquaredError(src, b[i], DequantizeRowQ8_0Scalar);
     float amax = 0.f;
     for (int j = 0; j < kQK8_0; ++j) amax = std::fmax(amax, std::fabs(src[j]));
     BlockQ8_0 c;
@@ -190,7 +188,7 @@ void QuantizeRowQ8_0LeastSquares(const float* src, void* dst, int64_t n) {
       const float id = d != 0.f ? 1.f / d : 0.f;
       for (int j = 0; j < kQK8_0; ++j)
         c.qs[j] = static_cast<int8_t>(std::fmax(-127.f, std::fmin(127.f, std::round(src[j] * id))));
-      const double e = BlockSquaredError(src, c.qs, d);
+      const double e = BlockSquaredError(src, c, DequantizeRowQ8_0Scalar);
       if (e < best) {
         best = e;
         b[i] = c;
