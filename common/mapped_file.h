@@ -21,6 +21,13 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Whether [p, p + n) lies inside the mapping.
+  bool Contains(const void* p, size_t n) const;
+  // Gives back the pages wholly inside [p, p + n) (madvise MADV_DONTNEED):
+  // they leave this process's resident memory, and a later read brings the
+  // file's bytes back. For data copied elsewhere and rarely read again.
+  // REQUIRES Contains(p, n).
+  void DropPages(const void* p, size_t n) const;
 
  private:
   MappedFile() = default;

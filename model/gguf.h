@@ -187,6 +187,8 @@ class GgufFile {
   uint64_t data_offset() const { return data_offset_; }
   // The whole file's bytes.
   const uint8_t* bytes() const { return data_; }
+  // The mapping behind bytes() (Open), or nullptr (Parse).
+  const MappedFile* mapped_file() const { return file_.get(); }
   size_t size() const { return size_; }
 
   // Metadata in file order.

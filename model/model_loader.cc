@@ -12,6 +12,7 @@
 #include "model/gguf_tokenizer.h"
 #include "model/hf_model.h"
 #include "model/synth.h"
+#include "model/weight_pack.h"
 
 namespace strata {
 
@@ -35,6 +36,7 @@ Result<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, const Lo
   m->path = path;
   m->id = BaseNameNoExt(path);
   TokenizerSpec spec;
+  std::vector<const MappedFile*> mapped;  // what the tensors point into
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     m->format = "hf";
@@ -49,6 +51,7 @@ Result<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, const Lo
     m->format = "gguf";
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(path));
     std::shared_ptr<const GgufFile> file(std::move(f));
+    mapped.push_back(file->mapped_file());
     STRATA_ASSIGN_OR_RETURN(spec, TokenizerSpecFromGguf(*file));
     if (file->Has("strata.synthetic")) {
       auto b = file->GetBool("strata.synthetic");
@@ -57,6 +60,10 @@ Result<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, const Lo
     STRATA_ASSIGN_OR_RETURN(m->weights, WeightsFromGguf(file));
   }
   if (m->weights.digest.empty()) m->weights.digest = ComputeWeightsDigest(m->weights);
+  if (options.pack_weights) {
+    for (const auto& file : m->weights.files) mapped.push_back(file.get());
+    PackWeightsForInt8(&m->weights, mapped);
+  }
   if (static_cast<int>(spec.tokens.size()) > m->weights.config.vocab_size)
     return Status::Corrupt(path + ": tokenizer has " + std::to_string(spec.tokens.size()) +
                            " tokens but the embedding table only " + std::to_string(m->weights.config.vocab_size));

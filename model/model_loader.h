@@ -19,6 +19,9 @@ struct LoadOptions {
   // Overrides the chat format detected from the model's template ("llama3",
   // "chatml", ...); empty = detect.
   std::string chat_template;
+  // Repacks Q4_0 / Q8_0 matrices for the CPU's int8 lane kernel where the
+  // activation mode set before loading uses it (model/weight_pack.h).
+  bool pack_weights = true;
 };
 
 struct LoadedModel {

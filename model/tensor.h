@@ -19,6 +19,11 @@ struct Tensor {
   std::vector<int64_t> ne;  // up to 4 dims, ne[0] innermost
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
+  // Optional second copy of the first rows() / 16 * 16 rows in the layout of
+  // the CPU's 16-row int8 lane kernels (cpu::internal::PackLanes: Q4_0 and
+  // Q8_0 only), or nullptr. Set while loading (cpu::PackWeightsForInt8),
+  // owned by the same ModelWeights; `data` stays valid and authoritative.
+  const uint8_t* lanes = nullptr;
 
   bool present() const { return data != nullptr; }
   int64_t cols() const { return ne.empty() ? 0 : ne[0]; }

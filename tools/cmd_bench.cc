@@ -39,6 +39,7 @@ struct KernelsFlags {
   int prefill = 512;
   int iterations = 5;
   bool int8_activations = false, exact_activations = false;
+  bool no_weight_pack = false;
   bool json = false;
 };
 
@@ -51,7 +52,9 @@ int RunKernels(const KernelsFlags& f) {
   auto kv_dtype = DTypeFromName(f.kv_dtype);
   if (!kv_dtype) return Fail(Status::InvalidArgument("unknown --kv-dtype '" + f.kv_dtype + "'"));
   ApplyActivationFlags(f.int8_activations, f.exact_activations);
-  auto loaded = LoadModel(f.model);
+  LoadOptions lo;
+  lo.pack_weights = !f.no_weight_pack;
+  auto loaded = LoadModel(f.model, lo);
   if (!loaded) return Fail(loaded.error());
   const ModelWeights& w = (*loaded)->weights;
 
@@ -310,6 +313,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   AddActivationFlags(kernels, &f->int8_activations, &f->exact_activations);
+  kernels->add_flag("--no-weight-pack", f->no_weight_pack,
+                    "keep q4_0/q8_0 weights in the file's layout (the int8 lane kernel then transposes them on "
+                    "every call; for comparing)");
   kernels->add_flag("--json", f->json, "print one JSON object");
   kernels->callback([f, exit_code] { *exit_code = RunKernels(*f); });
 

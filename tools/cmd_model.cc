@@ -32,8 +32,15 @@ int Fail(const char* cmd, const Status& s) {
 
 const char* RopeStyleName(RopeStyle s) { return s == RopeStyle::kNeox ? "neox (halves)" : "interleaved (pairs)"; }
 
+// Reading a model's tensors or metadata: no forward pass, nothing to repack.
+LoadOptions NoPack() {
+  LoadOptions o;
+  o.pack_weights = false;
+  return o;
+}
+
 int RunInfo(const std::string& path, bool json) {
-  auto loaded = LoadModel(path);
+  auto loaded = LoadModel(path, NoPack());
   if (!loaded) return Fail("info", loaded.error());
   const LoadedModel& m = **loaded;
   const ModelConfig& c = m.weights.config;
@@ -200,7 +207,7 @@ std::string ShapeText(const std::vector<int64_t>& ne) {
 }
 
 int RunQuantize(const QuantizeFlags& f) {
-  auto loaded = LoadModel(f.model);
+  auto loaded = LoadModel(f.model, NoPack());
   if (!loaded) return Fail("quantize", loaded.error());
   const LoadedModel& m = **loaded;
   auto plan = PlanQuantization(m.weights, f.dtype, f.allow_requantize);

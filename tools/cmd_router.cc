@@ -187,6 +187,7 @@ int Run(const RouterFlags& f) {
   }
   LoadOptions lo;
   lo.chat_template = f.chat_template;
+  lo.pack_weights = false;  // the router tokenizes; it runs no forward pass
   std::string model_path = f.model;
   if (model_path.empty()) {
     // The instances' default (`strata serve` without --model).

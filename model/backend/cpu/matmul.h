@@ -40,9 +40,11 @@ Status ValidateMatMulWeight(const Tensor& w);
 enum class ActivationMode {
   // Default (`engine.activations: auto`): int8 for the K-quants (Q4_K,
   // Q5_K, Q6_K) and, where AVX-512 VNNI is active, Q4_0, where it measured
-  // faster (Q4_0: in prefill and batched decode, 0.9 x at batch 1); f32 for
-  // Q8_0, where int8 measured 0.8 x at batch 1 and f32 already leads
-  // (docs/PERFORMANCE.md). Each kernel table says which (auto_int8).
+  // faster at every batch size (Q4_0 with its weights packed at load:
+  // model/weight_pack.h); f32 for Q8_0: its int8 path is faster too once
+  // packed, but on stories260K int8 Q8_0 misses the 0.99 top-1 agreement
+  // with the f32 model that f32 activations reach (docs/PERFORMANCE.md).
+  // Each kernel table says which (auto_int8).
   kAuto,
   // `--exact-activations`: every product uses x in f32.
   kExact,

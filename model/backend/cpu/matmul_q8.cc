@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "model/backend/cpu/cpu_features.h"
@@ -272,6 +273,36 @@ bool Q8Supported(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
 }
 
+bool LanePackable(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+
+size_t LanePackedBytes(const Tensor& w) {
+  return static_cast<size_t>(w.rows() / kLaneRows * kLaneRows) * RowBytes(w.type, w.cols());
+}
+
+void PackLanes(const Tensor& w, uint8_t* out) {
+  const bool q4 = w.type == DType::kQ4_0;
+  const int64_t cols = w.cols();
+  const int64_t nb = cols / kQ8ActBlock32;
+  const size_t row_bytes = RowBytes(w.type, cols);
+  const size_t block_bytes = q4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+  const int code_bytes = q4 ? 16 : 32;  // per row and block
+  const uint8_t flip = q4 ? 0 : 0x80;   // Q8_0's codes as unsigned bytes
+  for (int64_t g = 0; g < w.rows() / kLaneRows; ++g) {
+    uint8_t* scales = out + static_cast<size_t>(g * kLaneRows) * row_bytes;
+    uint8_t* codes = scales + nb * 32;
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* bc = codes + b * kLaneRows * code_bytes;
+      for (int i = 0; i < kLaneRows; ++i) {
+        const uint8_t* blk = w.row(g * kLaneRows + i) + b * block_bytes;
+        std::memcpy(scales + b * 32 + 2 * i, blk, 2);  // the f16 scale leads each block
+        for (int k = 0; k < code_bytes / 4; ++k) {
+          for (int c = 0; c < 4; ++c) bc[64 * k + 4 * i + c] = static_cast<uint8_t>(blk[2 + 4 * k + c] ^ flip);
+        }
+      }
+    }
+  }
+}
+
 double Q8ReferenceDot(DType t, const uint8_t* row, int64_t cols, const int8_t* q, const float* d,
                       const int16_t* bsum, const int16_t* bsum16) {
   const int index = TypeIndex(t);
@@ -330,6 +361,7 @@ void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, Threa
   const Q8RowsFn fn = ActiveQ8Kernels().rows[TypeIndex(w.type)];
   Q8Args base;
   base.w = w.data;
+  base.lanes = w.lanes;
   base.row_bytes = RowBytes(w.type, cols);
   base.cols = cols;
   base.y_stride = rows;

@@ -78,6 +78,10 @@ void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t
 // r in [row_begin, row_end), t in [0, n_tokens).
 struct Q8Args {
   const uint8_t* w = nullptr;
+  // Tensor::lanes: the rows of w, 16 at a time, in PackLanes's layout, or
+  // nullptr. Kernel tables with reads_lanes use it for whole 16-row groups
+  // starting at a multiple of 16; every other row is read from w.
+  const uint8_t* lanes = nullptr;
   size_t row_bytes = 0;
   int64_t cols = 0;
   int64_t row_begin = 0;
@@ -104,6 +108,8 @@ struct Q8KernelTable {
   // The types whose kernels here measured faster than f32 activations: what
   // `engine.activations: auto` takes int8 for (docs/PERFORMANCE.md).
   std::array<bool, kNumTypes> auto_int8;
+  // Whether the Q8_0 / Q4_0 kernels read Q8Args::lanes.
+  bool reads_lanes = false;
 };
 
 const Q8KernelTable& ScalarQ8Kernels();
@@ -116,6 +122,30 @@ const Q8KernelTable& ActiveQ8Kernels();
 
 // Whether weights of type t have int8 kernels.
 bool Q8Supported(DType t);
+
+// ---- Weights repacked for the 16-row lane kernels ---------------------------
+//
+// The AVX-512 VNNI Q8_0 / Q4_0 kernel puts 16 weight rows in the 16 lanes of
+// a vector. From the file's layout it transposes every block of 16 rows on
+// each call; PackLanes does that once, at load. Group g (rows 16g..16g+15)
+// takes the same bytes as those rows in the file, at the same offset
+// (16g * row_bytes), laid out as:
+//   - nb * 32 bytes of scales: block b's 16 f16 scales at 32b, row i's at 2i;
+//   - then block b's codes at nb * 32 + b * C (C = 256 for Q4_0, 512 for
+//     Q8_0): C / 64 vectors of 64 bytes; vector k holds in bytes 4i..4i+3
+//     row i's code bytes 4k..4k+3 (Q4_0: the file's nibble pairs as they
+//     are; Q8_0: each code + 128, as an unsigned byte).
+// Rows past the last whole group are not packed (the kernels read them from
+// the file's layout). The kernels give the same bits either way.
+inline constexpr int kLaneRows = 16;
+
+// Whether PackLanes handles type t (Q8_0, Q4_0).
+bool LanePackable(DType t);
+// Bytes PackLanes writes for w: rows() / 16 * 16 rows' worth.
+size_t LanePackedBytes(const Tensor& w);
+// Writes w's whole 16-row groups in the layout above to out
+// (LanePackedBytes(w) bytes). REQUIRES LanePackable(w.type), w.data valid.
+void PackLanes(const Tensor& w, uint8_t* out);
 
 // The exact value the kernels approximate, for tests, in double from exact
 // integer sums: Q8_0/Q4_0, per 32-block, (integer dot of the codes) * d_w *

@@ -244,6 +244,93 @@ TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
   }
 }
 
+// PackLanes's copy (Tensor::lanes) gives the kernels' bits from the file's
+// layout, for whole groups, tails, and row ranges that start inside a group
+// (those groups are read from the file), at every level (the tables without
+// reads_lanes ignore it); and MatMul passes it through over 1 and 2 threads.
+TEST(Q8KernelTest, PackedLanesGiveTheSameBits) {
+  ThreadPool one(1), two(2);
+  for (DType type : {DType::kQ8_0, DType::kQ4_0}) {
+    for (int64_t cols : {32, 96, 2048}) {
+      for (int64_t rows : {16, 35, 48}) {
+        const Weight w = MakeWeight(type, rows, cols, static_cast<uint32_t>(7 * cols + rows));
+        std::vector<uint8_t> packed(LanePackedBytes(w.tensor));
+        ASSERT_EQ(packed.size(), static_cast<size_t>(rows / 16 * 16) * RowBytes(type, cols));
+        PackLanes(w.tensor, packed.data());
+        Tensor with = w.tensor;
+        with.lanes = packed.data();
+        for (int64_t n_tokens : {1, 3, 9}) {
+          const std::vector<float> x = RandomX(n_tokens * cols, static_cast<uint32_t>(n_tokens + cols));
+          Q8Activations act;
+          QuantizeActivations(x.data(), n_tokens, cols, cols, 32, &act, nullptr);
+          for (SimdLevel level : Levels()) {
+            LevelScope scope(level);
+            const Q8KernelTable& table = ActiveQ8Kernels();
+            for (int64_t begin : {int64_t{0}, int64_t{5}, int64_t{16}}) {
+              if (begin >= rows) continue;
+              std::vector<float> y[2];
+              for (int k = 0; k < 2; ++k) {
+                Q8Args a;
+                a.w = w.tensor.data;
+                a.lanes = k == 0 ? nullptr : packed.data();
+                a.row_bytes = RowBytes(type, cols);
+                a.cols = cols;
+                a.row_begin = begin;
+                a.row_end = rows;
+                a.xq = act.q.data();
+                a.xd = act.d.data();
+                a.xbsum = act.bsum.data();
+                a.xbsum16 = act.bsum16.data();
+                a.n_tokens = n_tokens;
+                y[k].assign(static_cast<size_t>(n_tokens * rows), -1.f);
+                a.y = y[k].data();
+                a.y_stride = rows;
+                table.rows[TypeIndex(type)](a);
+              }
+              for (size_t i = 0; i < y[0].size(); ++i) {
+                ASSERT_EQ(std::memcmp(&y[0][i], &y[1][i], sizeof(float)), 0)
+                    << DTypeName(type) << " " << table.name << " cols=" << cols << " rows=" << rows
+                    << " begin=" << begin << " n=" << n_tokens << " i=" << i;
+              }
+            }
+            for (ThreadPool* pool : {&one, &two}) {
+              std::vector<float> want(static_cast<size_t>(n_tokens * rows)), got(want.size());
+              MatMul(w.tensor, x.data(), n_tokens, want.data(), *pool);
+              MatMul(with, x.data(), n_tokens, got.data(), *pool);
+              ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+                  << DTypeName(type) << " " << table.name << " MatMul cols=" << cols << " rows=" << rows;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// PackLanes's layout, byte by byte, for one Q4_0 and one Q8_0 group.
+TEST(Q8KernelTest, PackLanesLayout) {
+  for (DType type : {DType::kQ8_0, DType::kQ4_0}) {
+    const int64_t cols = 64, nb = 2;
+    const Weight w = MakeWeight(type, 17, cols, 3);
+    std::vector<uint8_t> p(LanePackedBytes(w.tensor));
+    PackLanes(w.tensor, p.data());
+    const bool q4 = type == DType::kQ4_0;
+    const size_t block_bytes = q4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+    const int code_bytes = q4 ? 16 : 32;
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t* blk = w.tensor.row(i) + b * block_bytes;
+        EXPECT_EQ(std::memcmp(p.data() + 32 * b + 2 * i, blk, 2), 0) << "scale " << b << " " << i;
+        for (int j = 0; j < code_bytes; ++j) {
+          const uint8_t want = q4 ? blk[2 + j] : static_cast<uint8_t>(blk[2 + j] + 128);
+          const size_t at = static_cast<size_t>(nb * 32 + b * 16 * code_bytes + 64 * (j / 4) + 4 * i + j % 4);
+          ASSERT_EQ(p[at], want) << DTypeName(type) << " block " << b << " row " << i << " code byte " << j;
+        }
+      }
+    }
+  }
+}
+
 // The tables this machine should have, named, so a lost dispatch shows.
 TEST(Q8KernelTest, TablesPresentForTheCpu) {
   const CpuFeatures& f = GetCpuFeatures();

@@ -16,8 +16,10 @@
 
 #include "common/thread_pool.h"
 #include "model/backend/cpu/matmul.h"
+#include "model/backend/cpu/matmul_q8.h"
 #include "model/forward.h"
 #include "model/synth.h"
+#include "model/weight_pack.h"
 
 namespace strata {
 namespace {
@@ -75,18 +77,26 @@ class Int8Forward : public ::testing::TestWithParam<DType> {
     opt.seed = 5;
     w_ = std::move(MakeSyntheticWeights(Shape(GetParam()), opt).value());
     ASSERT_EQ(w_.layers[0].wq.type, GetParam());
+    // As loading does: Q4_0 / Q8_0 matrices get the lane kernel's packed copy
+    // where it runs (model/weight_pack.h), so these tests cover that path.
+    PackWeightsForInt8(&w_, {});
   }
-  std::unique_ptr<ForwardEngine> Engine(ThreadPool* pool) {
+  std::unique_ptr<ForwardEngine> Engine(ThreadPool* pool) { return Engine(w_, pool); }
+  static std::unique_ptr<ForwardEngine> Engine(const ModelWeights& w, ThreadPool* pool) {
     KvOptions kv;
     kv.block_size = kBlock;
     kv.dtype = DType::kF16;
     kv.num_blocks = 32 * kBlocksPerSeq;
-    return std::move(ForwardEngine::Create(w_, kv, pool).value());
+    return std::move(ForwardEngine::Create(w, kv, pool).value());
   }
   // Logits of every position of `p` (sequence slot 0), fed `chunk` tokens
   // per Forward call.
   std::vector<float> Chunked(const std::vector<int32_t>& p, size_t chunk, ThreadPool* pool) {
-    auto eng = Engine(pool);
+    return Chunked(w_, p, chunk, pool);
+  }
+  static std::vector<float> Chunked(const ModelWeights& w, const std::vector<int32_t>& p, size_t chunk,
+                                    ThreadPool* pool) {
+    auto eng = Engine(w, pool);
     const std::vector<int32_t> table = Table(0);
     std::vector<float> all, lg;
     for (size_t start = 0; start < p.size(); start += chunk) {
@@ -155,6 +165,36 @@ TEST_P(Int8Forward, BatchSizeDoesNotChangeLogits) {
     for (size_t i = 0; i < got.size(); ++i) {
       ExpectBitwise(got[i], want[i], "batch " + std::to_string(batch) + (i == 0 ? " prefill" : " decode"));
     }
+  }
+}
+
+// The packed copy (Tensor::lanes) gives the bits the file's layout gives:
+// weights packed and not, prompts fed whole, in chunks of 7 and token by
+// token. Shape(): matrices of 16 to 160 rows and the 101-row output (6 whole
+// groups and a tail of 5).
+TEST_P(Int8Forward, PackedWeightsGiveTheSameLogits) {
+  SynthOptions opt;
+  opt.dtype = GetParam();
+  opt.seed = 5;
+  ModelWeights file = std::move(MakeSyntheticWeights(Shape(GetParam()), opt).value());
+  ModelWeights packed = std::move(MakeSyntheticWeights(Shape(GetParam()), opt).value());
+  const int n = PackWeightsForInt8(&packed, {});
+  if (!cpu::internal::LanePackable(GetParam())) {
+    EXPECT_EQ(n, 0) << "only Q4_0 and Q8_0 have a packed layout";
+    return;
+  }
+  if (!cpu::internal::ActiveQ8Kernels().reads_lanes) {
+    EXPECT_EQ(n, 0);
+    GTEST_SKIP() << "no lane kernel at this SIMD level: nothing packed";
+  }
+  EXPECT_EQ(n, 3 * 7 + 1);  // 7 matrices per layer and the output
+  EXPECT_NE(packed.output.lanes, nullptr);
+  EXPECT_EQ(file.output.lanes, nullptr);
+  ThreadPool two(2);
+  const std::vector<int32_t> p = Tokens(70, 3);
+  for (size_t chunk : {size_t{1}, size_t{7}, p.size()}) {
+    ExpectBitwise(Chunked(packed, p, chunk, &two), Chunked(file, p, chunk, &two),
+                  "packed vs file layout, chunk " + std::to_string(chunk));
   }
 }
 

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <functional>
 
+#include "model/backend/cpu/matmul.h"
+#include "model/backend/cpu/matmul_q8.h"
 #include "model/gguf_export.h"
 #include "model/gguf_model.h"
 #include "model/gguf_tokenizer.h"
@@ -57,6 +59,50 @@ TEST(ModelLoader, SyntheticGgufRoundTripsConfigAndWeights) {
     ASSERT_EQ(a.nbytes, b.nbytes);
     EXPECT_EQ(0, std::memcmp(a.data, b.data, a.nbytes));
     EXPECT_EQ((*m)->weights.digest, mem->digest);
+  }
+}
+
+// Loading packs Q4_0 / Q8_0 matrices for the int8 lane kernel where the
+// activation mode uses it (model/weight_pack.h), and the file's bytes stay
+// readable after their pages are dropped; the digest is the file's.
+TEST(ModelLoader, QuantizedMatricesArePackedWhereTheLaneKernelReadsThem) {
+  const ModelConfig c = Small();
+  const bool lanes = cpu::internal::ActiveQ8Kernels().reads_lanes;
+  struct Case {
+    DType type;
+    cpu::ActivationMode mode;
+    bool pack;
+    bool want;
+  };
+  const Case cases[] = {
+      {DType::kQ4_0, cpu::ActivationMode::kAuto, true, lanes},  {DType::kQ4_0, cpu::ActivationMode::kAuto, false, false},
+      {DType::kQ4_0, cpu::ActivationMode::kExact, true, false}, {DType::kQ8_0, cpu::ActivationMode::kAuto, true, false},
+      {DType::kQ8_0, cpu::ActivationMode::kInt8, true, lanes},
+  };
+  for (const Case& k : cases) {
+    const std::string what = std::string(DTypeName(k.type)) + " mode " + std::to_string(static_cast<int>(k.mode)) +
+                             (k.pack ? "" : " pack_weights=false");
+    cpu::SetActivationMode(k.mode);
+    const std::string path = WriteSynthetic(c, k.type, "p");
+    LoadOptions lo;
+    lo.pack_weights = k.pack;
+    auto m = LoadModel(path, lo);
+    cpu::SetActivationMode(cpu::ActivationMode::kAuto);
+    ASSERT_TRUE(m) << m.error().ToString();
+    auto mem = MakeSyntheticWeights(c, SynthOptions{k.type, 1, 0.0f});
+    ASSERT_TRUE(mem);
+    EXPECT_EQ((*m)->weights.digest, mem->digest) << what;
+    const Tensor& a = (*m)->weights.layers[0].w_up;
+    ASSERT_GE(a.rows(), 16);
+    EXPECT_EQ(a.lanes != nullptr, k.want) << what;
+    EXPECT_EQ((*m)->weights.output.lanes != nullptr, k.want) << what;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.lanes) % 64, 0u) << what;
+    EXPECT_EQ(0, std::memcmp(a.data, mem->layers[0].w_up.data, a.nbytes)) << what;
+    if (a.lanes != nullptr) {
+      std::vector<uint8_t> want(cpu::internal::LanePackedBytes(a));
+      cpu::internal::PackLanes(mem->layers[0].w_up, want.data());
+      EXPECT_EQ(0, std::memcmp(a.lanes, want.data(), want.size())) << what;
+    }
   }
 }
 

@@ -1,0 +1,31 @@
+#pragma once
+// Weights repacked at load for the CPU's int8 products: Q4_0 and Q8_0
+// matrices get a second copy of their rows in the layout of the 16-row lane
+// kernel (cpu::internal::PackLanes; Tensor::lanes), so that kernel no longer
+// transposes each block of 16 rows on every call (what cost it 10-15% against
+// f32 activations at batch 1: docs/PERFORMANCE.md). The file's layout stays
+// valid and is what every other path reads; the packed copy gives the same
+// bits.
+//
+// Thread: the loading thread, before any forward pass uses the weights.
+
+#include <vector>
+
+#include "common/mapped_file.h"
+#include "model/weights.h"
+
+namespace strata {
+
+// Whether PackWeightsForInt8 packs t: a Q4_0 or Q8_0 matrix of at least 16
+// rows that MatMul, at the active SIMD level and activation mode
+// (cpu::GetActivationMode), multiplies through a kernel that reads lanes.
+bool WantsLanePack(const Tensor& t);
+
+// Packs each layer's matrices and the output matrix of `w` that
+// WantsLanePack, into storage `w` owns (64-byte aligned), and drops the
+// packed tensors' original pages from the process where they lie in one of
+// `mapped` (so resident memory stays about the file's size; what reads the
+// original later faults it back in). Returns how many tensors were packed.
+int PackWeightsForInt8(ModelWeights* w, const std::vector<const MappedFile*>& mapped);
+
+}  // namespace strata
