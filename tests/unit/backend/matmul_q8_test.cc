@@ -174,6 +174,25 @@ TEST(Q8ActivationTest, ZeroAndNonFiniteBlocks) {
 // tail, row and token counts that leave partial tiles) against the double
 // reference of its own integer arithmetic: the integer sums are exact, so the
 // only difference is f32 rounding of the per-block scaling and summation.
+// A kernel call over rows [row_begin, rows) of w and every token of act,
+// into y (act.n_tokens x rows, row-major by token).
+Q8Args ArgsFor(const Weight& w, const Q8Activations& act, int64_t row_begin, std::vector<float>* y) {
+  Q8Args a;
+  a.w = w.tensor.data;
+  a.row_bytes = RowBytes(w.tensor.type, act.cols);
+  a.cols = act.cols;
+  a.row_begin = row_begin;
+  a.row_end = w.tensor.rows();
+  a.xq = act.q.data();
+  a.xd = act.d.data();
+  a.xbsum = act.bsum.data();
+  a.xbsum16 = act.bsum16.data();
+  a.n_tokens = act.n_tokens;
+  a.y = y->data();
+  a.y_stride = w.tensor.rows();
+  return a;
+}
+
 TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
   for (DType type : kInt8Types) {
     const std::vector<int64_t> widths =
@@ -191,20 +210,8 @@ TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
           for (SimdLevel level : Levels()) {
             LevelScope scope(level);
             const Q8KernelTable& table = ActiveQ8Kernels();
-            Q8Args a;
-            a.w = w.tensor.data;
-            a.row_bytes = RowBytes(type, cols);
-            a.cols = cols;
-            a.row_begin = 0;
-            a.row_end = rows;
-            a.xq = act.q.data();
-            a.xd = act.d.data();
-            a.xbsum = act.bsum.data();
-            a.xbsum16 = act.bsum16.data();
-            a.n_tokens = n_tokens;
             std::vector<float> y(static_cast<size_t>(n_tokens * rows), -1.f);
-            a.y = y.data();
-            a.y_stride = rows;
+            Q8Args a = ArgsFor(w, act, 0, &y);
             table.rows[TypeIndex(type)](a);
             for (int64_t t = 0; t < n_tokens; ++t) {
               for (int64_t r = 0; r < rows; ++r) {
@@ -270,21 +277,9 @@ TEST(Q8KernelTest, PackedLanesGiveTheSameBits) {
               if (begin >= rows) continue;
               std::vector<float> y[2];
               for (int k = 0; k < 2; ++k) {
-                Q8Args a;
-                a.w = w.tensor.data;
-                a.lanes = k == 0 ? nullptr : packed.data();
-                a.row_bytes = RowBytes(type, cols);
-                a.cols = cols;
-                a.row_begin = begin;
-                a.row_end = rows;
-                a.xq = act.q.data();
-                a.xd = act.d.data();
-                a.xbsum = act.bsum.data();
-                a.xbsum16 = act.bsum16.data();
-                a.n_tokens = n_tokens;
                 y[k].assign(static_cast<size_t>(n_tokens * rows), -1.f);
-                a.y = y[k].data();
-                a.y_stride = rows;
+                Q8Args a = ArgsFor(w, act, begin, &y[k]);
+                a.lanes = k == 0 ? nullptr : packed.data();
                 table.rows[TypeIndex(type)](a);
               }
               for (size_t i = 0; i < y[0].size(); ++i) {
