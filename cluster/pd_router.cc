@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cstdio>
 #include <random>
-#include <system_error>
 #include <thread>
 #include <tuple>
 
@@ -291,17 +290,7 @@ void PdRouter::LookUp(const Flight& f, Phase phase, const std::vector<PdInstance
     if (r.ok() && conn->connected()) ReturnConnection(cands[i].host, cands[i].port, std::move(conn));
     replies[i] = r && r->status == 200 ? LookupReplyFromJson(r->body) : Result<LookupReply>(Status::Unavailable(Describe(r)));
   };
-  std::vector<std::thread> askers;
-  askers.reserve(cands.size());
-  for (size_t i = 1; i < cands.size(); ++i) {
-    try {
-      askers.emplace_back(ask, i);
-    } catch (const std::system_error&) {
-      ask(i);  // no thread to be had: ask it from this one
-    }
-  }
-  if (!cands.empty()) ask(0);
-  for (std::thread& t : askers) t.join();
+  workers_.RunAll(cands.size(), ask);
   for (size_t i = 0; i < cands.size(); ++i) {
     const Result<LookupReply>& a = replies[i];
     if (!a) continue;  // known nothing more
@@ -363,7 +352,6 @@ void PdRouter::Avoid(const std::string& name) {
 Result<RequestId> PdRouter::Submit(scheduler::EngineRequest request, scheduler::OutputSink sink) {
   if (request.prompt.empty()) return Status::InvalidArgument("the prompt has no tokens");
   if (draining_.load()) return Status::Unavailable("the router is draining");
-  Reap();
   auto f = std::make_shared<Flight>();
   f->request = std::move(request);
   f->request.on_computed = nullptr;
@@ -375,24 +363,12 @@ Result<RequestId> PdRouter::Submit(scheduler::EngineRequest request, scheduler::
     return Status::ResourceExhausted("the router has " + std::to_string(flights_.size()) + " requests in flight");
   f->id = RequestId(next_id_++);
   flights_[f->id.value()] = f;
-  ++stats_.requests;
-  threads_[f->id.value()] = std::thread([this, f] { Run(f); });
-  return f->id;
-}
-
-void PdRouter::Reap() {
-  std::vector<std::thread> done;
-  {
-    std::lock_guard lock(mu_);
-    for (uint64_t id : exited_) {
-      auto it = threads_.find(id);
-      if (it == threads_.end()) continue;
-      done.push_back(std::move(it->second));
-      threads_.erase(it);
-    }
-    exited_.clear();
+  if (!workers_.Post([this, f] { Run(f); })) {
+    flights_.erase(f->id.value());
+    return Status::ResourceExhausted("the router could not start a thread for the request");
   }
-  for (std::thread& t : done) t.join();
+  ++stats_.requests;
+  return f->id;
 }
 
 void PdRouter::Cancel(RequestId id) {
@@ -458,13 +434,7 @@ void PdRouter::Stop(double grace_seconds) {
     for (const auto& [id, f] : flights_) left.push_back(RequestId(id));
   }
   for (RequestId id : left) Cancel(id);
-  std::map<uint64_t, std::thread> threads;
-  {
-    std::lock_guard lock(mu_);
-    threads.swap(threads_);
-    exited_.clear();
-  }
-  for (auto& [id, t] : threads) t.join();
+  workers_.Wait();  // every flight's Run has returned
   if (membership_.joinable()) membership_.join();
 }
 
@@ -623,7 +593,6 @@ void PdRouter::Run(const std::shared_ptr<Flight>& fp) {
   }
   std::lock_guard lock(mu_);
   flights_.erase(f.id.value());
-  exited_.push_back(f.id.value());
   cv_.notify_all();
 }
 
@@ -684,20 +653,20 @@ bool PdRouter::Attempt(Flight& f, Tried* tried, bool* free_retry, Status* why) {
   if (overlap) {
     // The reservation beside the prefill: its grants follow the prefill
     // request (key rid); the prefill waits for them only at its first token.
-    std::thread reserver;
-    try {
-      reserver = std::thread([&] { ReserveBeside(f, p, d, q, &r, &reserve); });
-    } catch (const std::system_error&) {
-      overlap = false;  // no thread to be had: one after the other
-    }
-    if (overlap) {
-      PrefillRequest pq{f.request, {}, rid};
-      pr = Call(f, p, "/internal/pd/prefill", PrefillRequestToJson(pq));
-      reserver.join();
-      if (!r || r->status != 200 || !reserve.ok()) {
-        // The prefill's answer (if any) is dropped; it wrote nothing.
-        return ReserveFailed(f, tried, p, d, rid, r, reserve, free_retry, why);
+    // With no pool thread to be had, the reservation runs first and then
+    // the prefill (the instance keeps grants that come before their
+    // prefill request).
+    const std::string prefill_body = PrefillRequestToJson(PrefillRequest{f.request, {}, rid});
+    workers_.RunAll(2, [&](size_t i) {
+      if (i == 0) {
+        ReserveBeside(f, p, d, q, &r, &reserve);
+      } else {
+        pr = Call(f, p, "/internal/pd/prefill", prefill_body);
       }
+    });
+    if (!r || r->status != 200 || !reserve.ok()) {
+      // The prefill's answer (if any) is dropped; it wrote nothing.
+      return ReserveFailed(f, tried, p, d, rid, r, reserve, free_retry, why);
     }
   }
   if (!overlap) {

@@ -26,9 +26,11 @@
 // cached-token counts are the prefill instance's (cached_tokens_by_tier by
 // TierKind, tier_names() below); timings are this router's clock.
 //
-// Threads: each request runs on its own thread (blocking HTTP calls), which
+// Threads: each request runs on its own thread of a BlockingPool (blocking
+// HTTP calls; the pool keeps finished threads for the next requests), which
 // is also its delivery thread: its events are in order and never two at
-// once. A membership thread re-reads the instance list. SetHeld stops
+// once. Lookups of several candidates and a reservation beside its prefill
+// run on threads of the same pool. A membership thread re-reads the instance list. SetHeld stops
 // reading the decode stream (TCP backpressure reaches the decode instance,
 // which holds the request). Cancel aborts the call in progress and cancels
 // the reservation; the decode instance cancels a request whose stream closes.
@@ -51,6 +53,7 @@
 #include <vector>
 
 #include "cluster/pd_wire.h"
+#include "common/blocking_pool.h"
 #include "common/http_client.h"
 #include "common/status.h"
 #include "scheduler/engine_client.h"
@@ -248,7 +251,7 @@ class PdRouter final : public scheduler::EngineClient {
   // -1 where not known.
   bool Pick(Flight& f, Phase phase, const std::set<std::string>& exclude, const std::string& other,
             PdInstance* out, std::pair<double, double>* predicted = nullptr);
-  // Asks every candidate's /internal/pd/lookup at once (one thread each
+  // Asks every candidate's /internal/pd/lookup at once (a pool thread each
   // beyond the first, on pooled connections; 1 s timeout; one that does not
   // answer keeps what `rc` had) and fills `rc` in. Called without mu_ held.
   void LookUp(const Flight& f, Phase phase, const std::vector<PdInstance>& cands,
@@ -280,7 +283,6 @@ class PdRouter final : public scheduler::EngineClient {
   // True (and `why` says so) when the best predictions miss an SLO.
   bool Refused(Flight& f, double best_ttft, double best_tpot, Status* why);
   void MembershipLoop();
-  void Reap();
 
   const ListInstancesFn list_;
   const PdRouterOptions options_;
@@ -296,12 +298,13 @@ class PdRouter final : public scheduler::EngineClient {
   scheduler::Router prefill_router_, decode_router_;  // mu_ (their turns)
   std::vector<PdInstance> instances_;
   std::map<uint64_t, std::shared_ptr<Flight>> flights_;
-  std::map<uint64_t, std::thread> threads_;
-  std::vector<uint64_t> exited_;  // threads that returned, to join
   PdRouterStats stats_;
   std::thread membership_;
   std::mutex pool_mu_;  // idle_
   std::map<std::string, std::vector<std::shared_ptr<HttpConnection>>> idle_;  // by "host:port"
+  // Runs the flights, lookups and reservations. Last: destroyed first, so
+  // that whatever still runs there finds every other member alive.
+  BlockingPool workers_{64};
 };
 
 }  // namespace strata::cluster
