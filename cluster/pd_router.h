@@ -30,10 +30,11 @@
 // HTTP calls; the pool keeps finished threads for the next requests), which
 // is also its delivery thread: its events are in order and never two at
 // once. Lookups of several candidates and a reservation beside its prefill
-// run on threads of the same pool. A membership thread re-reads the instance list. SetHeld stops
-// reading the decode stream (TCP backpressure reaches the decode instance,
-// which holds the request). Cancel aborts the call in progress and cancels
-// the reservation; the decode instance cancels a request whose stream closes.
+// run on threads of the same pool. A membership thread re-reads the
+// instance list. SetHeld stops reading the decode stream (TCP backpressure
+// reaches the decode instance, which holds the request). Cancel aborts the
+// call in progress and cancels the reservation; the decode instance cancels
+// a request whose stream closes.
 //
 // Thread-safety: every public method may be called from any thread.
 
