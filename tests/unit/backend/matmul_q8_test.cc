@@ -337,16 +337,17 @@ TEST(Q8KernelTest, TablesPresentForTheCpu) {
   }
   for (DType t : kInt8Types) EXPECT_TRUE(Q8Supported(t));
   EXPECT_FALSE(Q8Supported(DType::kBF16));
-  // The default uses int8 for the K-quants, and for Q4_0 where its 16-row
-  // lane kernel runs (AVX-512 VNNI).
+  // The default uses int8 for the K-quants, and for Q4_0 where a lane
+  // kernel runs (AVX2, AVX-512 VNNI; not the scalar table).
   for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     EXPECT_TRUE(UsesInt8Activations(t, ActivationMode::kAuto));
     EXPECT_FALSE(UsesInt8Activations(t, ActivationMode::kExact));
   }
   for (SimdLevel level : Levels()) {
     LevelScope scope(level);
-    const bool vnni = &ActiveQ8Kernels() == Avx512VnniQ8Kernels();
-    EXPECT_EQ(UsesInt8Activations(DType::kQ4_0, ActivationMode::kAuto), vnni) << static_cast<int>(level);
+    const bool lanes = &ActiveQ8Kernels() != &ScalarQ8Kernels();
+    EXPECT_EQ(ActiveQ8Kernels().reads_lanes, lanes) << static_cast<int>(level);
+    EXPECT_EQ(UsesInt8Activations(DType::kQ4_0, ActivationMode::kAuto), lanes) << static_cast<int>(level);
   }
   for (DType t : {DType::kQ8_0, DType::kF32, DType::kF16, DType::kBF16}) {
     EXPECT_FALSE(UsesInt8Activations(t, ActivationMode::kAuto));
