@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <list>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -19,6 +18,7 @@
 #include "common/logging.h"
 #include "kvcache/disk_index.h"
 #include "kvcache/disk_io.h"
+#include "kvcache/eviction_policy.h"
 
 namespace strata::kvcache {
 namespace {
@@ -65,8 +65,7 @@ struct Op {
 };
 
 struct Entry {
-  DiskIndexRecord rec;
-  std::list<BlockHash>::iterator lru;  // position in lru_ (front = most recent)
+  DiskIndexRecord rec;  // rec.slot is the block's slot in policy_ too
 };
 
 class DiskStoreImpl final : public DiskStore {
@@ -87,8 +86,9 @@ class DiskStoreImpl final : public DiskStore {
   size_t Poll(std::vector<StoreCompletion>* out) override;
   void Drain(std::vector<StoreCompletion>* out) override;
   Status Remove(const BlockHash& h) override;
-  // Honoured with the real clock: EvictOne passes over kept blocks (up to
-  // kKeepScan of them) before taking the least recently used.
+  // Honoured with the real clock: the policy evicts a kept block only when
+  // no other block is evictable (an ask for a block still being written is
+  // remembered until its write completes).
   void KeepFor(const BlockHash& h, int64_t nanos) override;
   std::vector<BlockHash> HeldBlocks() const override {
     std::vector<BlockHash> out;
@@ -118,7 +118,8 @@ class DiskStoreImpl final : public DiskStore {
   void FreeSlot(uint32_t slot);
   bool EvictOne();
   // Forgets a stored block: memory, index and slot. `corrupt` counts and logs it.
-  Status DropEntry(const BlockHash& h, bool corrupt, std::string_view why);
+  // `evicted`: the policy's choice (counted as its eviction), not a removal.
+  Status DropEntry(const BlockHash& h, bool corrupt, std::string_view why, bool evicted = false);
   void Touch(Entry& e, const BlockHash& h);
 
   // Forgets that `op` is the write in progress for its hash (if it still is).
@@ -154,9 +155,12 @@ class DiskStoreImpl final : public DiskStore {
   bool fallocate_supported_ = true;
 
   std::unordered_map<BlockHash, Entry, HashOfBlockHash> entries_;
-  std::list<BlockHash> lru_;
-  std::unordered_map<BlockHash, int64_t, HashOfBlockHash> keep_;  // cache_ttl_seconds asks, by hash
-  static constexpr int kKeepScan = 256;
+  // The eviction policy over the stored blocks' slots (options_.eviction_policy;
+  // kvcache/eviction_policy.h), and which block each held slot stores.
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::unordered_map<uint32_t, BlockHash> slot_hash_;
+  // cache_ttl_seconds asks for blocks whose write has not completed yet.
+  std::unordered_map<BlockHash, int64_t, HashOfBlockHash> keep_;
   std::unordered_set<BlockHash, HashOfBlockHash> dirty_;  // last_use to persist
   uint64_t use_seq_ = 0;
 
@@ -207,8 +211,16 @@ Status DiskStoreImpl::Init() {
                                    std::to_string(o.capacity_bytes) + " holds no slot of " +
                                    std::to_string(slot_bytes_) + " bytes");
   }
-  if (slots > UINT32_MAX) return Status::InvalidArgument("disk store: too many slots");
+  if (slots > static_cast<uint64_t>(INT32_MAX)) {
+    return Status::InvalidArgument("disk store: " + std::to_string(slots) + " slots, more than " +
+                                   std::to_string(INT32_MAX) + " (use larger blocks or less capacity)");
+  }
   total_slots_ = static_cast<uint32_t>(slots);
+  {
+    auto policy = MakeEvictionPolicy(o.eviction_policy, static_cast<int32_t>(total_slots_));
+    if (!policy.ok()) return Status::InvalidArgument("disk store: " + policy.error().message());
+    policy_ = std::move(policy).value();
+  }
   num_slabs_ = (total_slots_ + slots_per_slab_ - 1) / slots_per_slab_;
   stats_.capacity_bytes = uint64_t{total_slots_} * slot_bytes_;
 
@@ -338,7 +350,7 @@ Status DiskStoreImpl::LoadIndex() {
           return;
         }
         used[rec.slot] = true;
-        entries_.emplace(h, Entry{rec, {}});
+        entries_.emplace(h, Entry{rec});
         order.emplace_back(rec.last_use, h);
         use_seq_ = std::max(use_seq_, rec.last_use);
       },
@@ -361,9 +373,12 @@ Status DiskStoreImpl::LoadIndex() {
 
   std::sort(order.begin(), order.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [use, h] : order) {  // oldest first, so the newest ends at the front
-    lru_.push_front(h);
-    entries_[h].lru = lru_.begin();
+  for (const auto& [use, h] : order) {  // oldest first: lru resumes its order
+    const uint32_t slot = entries_.at(h).rec.slot;
+    BlockTraits traits;
+    traits.key = HashOfBlockHash{}(h);
+    policy_->Insert(static_cast<int32_t>(slot), traits, /*evictable=*/true);
+    slot_hash_[slot] = h;
   }
   uint32_t high = 0;
   for (uint32_t s = 0; s < total_slots_; ++s) {
@@ -389,8 +404,8 @@ bool DiskStoreImpl::NamespaceAllowed(const Sha256Digest& ns) const {
 
 StoreStats DiskStoreImpl::stats() const {
   StoreStats s = stats_;
-  s.eviction_policy = "lru";  // the disk tier's own LRU (kept across restarts), not a policy object
-  s.policy.evicted = s.evictions;
+  s.eviction_policy = std::string(policy_->name());
+  s.policy = policy_->stats();
   return s;
 }
 
@@ -484,7 +499,11 @@ void DiskStoreImpl::FreeSlot(uint32_t slot) {
 
 void DiskStoreImpl::KeepFor(const BlockHash& h, int64_t nanos) {
   const int64_t until_nanos = RealClock()->NowNanos() + nanos;
-  if (keep_.size() > entries_.size() + 65536) {  // expired asks, and asks for blocks that never arrived
+  if (auto e = entries_.find(h); e != entries_.end()) {
+    policy_->KeepUntil(static_cast<int32_t>(e->second.rec.slot), until_nanos);
+    return;
+  }
+  if (keep_.size() > 65536) {  // expired asks, and asks for blocks that never arrived
     const int64_t now = RealClock()->NowNanos();
     for (auto it = keep_.begin(); it != keep_.end();) it = it->second <= now ? keep_.erase(it) : std::next(it);
   }
@@ -493,21 +512,11 @@ void DiskStoreImpl::KeepFor(const BlockHash& h, int64_t nanos) {
 }
 
 bool DiskStoreImpl::EvictOne() {
-  if (lru_.empty()) return false;
-  BlockHash victim = lru_.back();
-  if (!keep_.empty()) {
-    // The least recently used block nobody asked kept, among the oldest kKeepScan.
-    const int64_t now = RealClock()->NowNanos();
-    int scanned = 0;
-    for (auto it = lru_.rbegin(); it != lru_.rend() && scanned < kKeepScan; ++it, ++scanned) {
-      auto k = keep_.find(*it);
-      if (k == keep_.end() || k->second <= now) {
-        victim = *it;
-        break;
-      }
-    }
-  }
-  Status s = DropEntry(victim, false, "evicted");
+  policy_->SetNow(RealClock()->NowNanos());
+  const int32_t slot = policy_->Victim();
+  if (slot < 0) return false;
+  const BlockHash victim = slot_hash_.at(static_cast<uint32_t>(slot));
+  Status s = DropEntry(victim, false, "evicted", /*evicted=*/true);
   if (!s.ok())
     STRATA_LOG_WARN("disk store {}: evicting {}: {}", options_.directory, Short(victim),
                     s.ToString());
@@ -515,14 +524,14 @@ bool DiskStoreImpl::EvictOne() {
   return true;
 }
 
-Status DiskStoreImpl::DropEntry(const BlockHash& h, bool corrupt, std::string_view why) {
+Status DiskStoreImpl::DropEntry(const BlockHash& h, bool corrupt, std::string_view why, bool evicted) {
   auto it = entries_.find(h);
   if (it == entries_.end()) return Status::Ok();
   uint32_t slot = it->second.rec.slot;
-  lru_.erase(it->second.lru);
+  policy_->Erase(static_cast<int32_t>(slot), evicted);
+  slot_hash_.erase(slot);
   entries_.erase(it);
   dirty_.erase(h);
-  keep_.erase(h);
   NotifyChanged(h, false);
   stats_.blocks = entries_.size();
   stats_.used_bytes = entries_.size() * slot_bytes_;
@@ -540,7 +549,7 @@ Status DiskStoreImpl::DropEntry(const BlockHash& h, bool corrupt, std::string_vi
 
 void DiskStoreImpl::Touch(Entry& e, const BlockHash& h) {
   e.rec.last_use = ++use_seq_;
-  lru_.splice(lru_.begin(), lru_, e.lru);
+  policy_->Access(static_cast<int32_t>(e.rec.slot));
   dirty_.insert(h);
 }
 
@@ -728,11 +737,18 @@ void DiskStoreImpl::CompleteWrite(Op& op, int32_t res) {
     Finish(op.tag, std::move(s));
     return;
   }
-  // In recency order: past the blocks used or requested since this write was
-  // (usually none or a few other writes of the same batch).
-  auto pos = lru_.begin();
-  while (pos != lru_.end() && entries_.at(*pos).rec.last_use > op.rec.last_use) ++pos;
-  entries_[op.hash] = Entry{op.rec, lru_.insert(pos, op.hash)};
+  // The most recent block now (its persisted last_use is its request's:
+  // after a restart, lru places it among the blocks of that time).
+  BlockTraits traits;
+  traits.key = HashOfBlockHash{}(op.hash);
+  if (auto k = keep_.find(op.hash); k != keep_.end()) {
+    traits.keep_until_nanos = k->second;
+    keep_.erase(k);
+  }
+  policy_->SetNow(RealClock()->NowNanos());
+  policy_->Insert(static_cast<int32_t>(slot), traits, /*evictable=*/true);
+  slot_hash_[slot] = op.hash;
+  entries_[op.hash] = Entry{op.rec};
   NotifyChanged(op.hash, true);
   stats_.blocks = entries_.size();
   stats_.used_bytes = entries_.size() * slot_bytes_;
@@ -849,7 +865,8 @@ Status DiskStoreImpl::Flush(const Sha256Digest* ns) {
   for (const auto& h : victims) {
     auto it = entries_.find(h);
     uint32_t slot = it->second.rec.slot;
-    lru_.erase(it->second.lru);
+    policy_->Erase(static_cast<int32_t>(slot), /*evicted=*/false);
+    slot_hash_.erase(slot);
     entries_.erase(it);
     dirty_.erase(h);
     NotifyChanged(h, false);

@@ -62,16 +62,22 @@ struct DiskStoreOptions {
   // another namespace is foreign: not counted by Contains/CountPrefix, and a
   // read of it fails, drops it and counts it corrupt.
   std::vector<Sha256Digest> namespaces;
+  // Which stored block a full store evicts (kvcache/eviction_policy.h
+  // names). Each block's last use is kept in the index, so after a reopen
+  // lru resumes its order; the other policies restart from that order with
+  // no history (hits, frequencies, ghosts).
+  std::string eviction_policy = "lru";
 };
 
 class DiskStore : public BlockStore {
  public:
   // Opens or creates the store in options.directory and rebuilds the free-slot
-  // list and LRU from the index. Index records that cannot be valid (bad
-  // encoding, wrong length, slot past the end of the store or of its slab file)
-  // are dropped, logged and counted in corrupt_blocks. A directory written
-  // with another block or slot size is wiped (logged), since its slots cannot
-  // be read with this geometry. Fails with InvalidArgument for bad options,
+  // list and the eviction order (by each block's last use) from the index.
+  // Index records that cannot be valid (bad encoding, wrong length, slot past
+  // the end of the store or of its slab file) are dropped, logged and counted
+  // in corrupt_blocks. A directory written with another block or slot size is
+  // wiped (logged), since its slots cannot be read with this geometry. Fails
+  // with InvalidArgument for bad options (an unknown eviction_policy too),
   // IoError when the directory, index or io_uring cannot be opened.
   static Result<std::unique_ptr<DiskStore>> Open(const DiskStoreOptions& options);
 

@@ -377,7 +377,8 @@ Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& c) {
     r.source = "kv.remote (--kv-remote)";
     out.push_back(std::move(r));
   }
-  for (TierSpec& t : out) {  // the host tiers' default policies
+  for (TierSpec& t : out) {  // the default policies of the host and disk tiers
+    if (t.kind == TierKind::kDisk && t.eviction_policy.empty()) t.eviction_policy = c.eviction_policy;
     if (t.kind != TierKind::kHost) continue;
     if (t.eviction_policy.empty()) t.eviction_policy = c.eviction_policy;
     if (!t.write_policy_set) t.write_policy = c.cluster ? WritePolicy::kWriteThrough : WritePolicy::kExclusive;

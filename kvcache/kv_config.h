@@ -59,8 +59,8 @@ struct KvCacheConfig {
   // listing {kind: remote} last in kv.tiers. Needs --metadata.
   bool remote = false;
   // kv.eviction_policy --kv-eviction-policy: the device pool's eviction
-  // policy and the default of each host tier (kv.tiers[].eviction_policy
-  // overrides it per tier; disk tiers run lru). Names in
+  // policy and the default of each host and disk tier
+  // (kv.tiers[].eviction_policy overrides it per tier). Names in
   // kvcache/eviction_policy.h.
   std::string eviction_policy = "lru";
   // kv.tiers: the lower tiers as a list (kvcache/tier_registry.h). The host_*

@@ -106,8 +106,6 @@ Status ValidateTierSpecs(std::span<const TierSpec> specs) {
     if (s.bytes == 0) return Bad(s, "bytes is 0: give the tier a size, or leave it out");
     if (!s.eviction_policy.empty() && !IsEvictionPolicy(s.eviction_policy))
       return Bad(s, MakeEvictionPolicy(s.eviction_policy, 0).error().message());
-    if (s.kind == TierKind::kDisk && !s.eviction_policy.empty() && s.eviction_policy != "lru")
-      return Bad(s, "disk tiers evict lru only so far, not " + s.eviction_policy);
     if (s.kind == TierKind::kDisk && s.path.empty()) return Bad(s, "a disk tier needs a path (its directory)");
     if (s.kind != TierKind::kDisk && !s.path.empty())
       return Bad(s, "path applies to disk tiers only, not " + std::string(TierKindName(s.kind)));
@@ -148,6 +146,7 @@ Result<std::unique_ptr<BlockStore>> OpenStore(const TierSpec& spec, uint64_t blo
       d.directory = spec.path;
       d.capacity_bytes = spec.bytes;
       d.block_bytes = block_bytes;
+      if (!spec.eviction_policy.empty()) d.eviction_policy = spec.eviction_policy;
       d.grow_bytes = std::min<uint64_t>(d.grow_bytes, spec.bytes);
       auto disk = DiskStore::Open(d);
       if (!disk) return disk.error().WithContext(spec.source + " (tier '" + spec.name + "', " + spec.path + ")");

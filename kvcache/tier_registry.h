@@ -46,7 +46,7 @@ struct TierSpec {
   uint32_t admit_after = 0;  // hits before a block is written to this tier (LowerTier::admit_after)
   bool pin = true;           // host: page-lock the buffer when a CUDA device is present
   // kvcache/eviction_policy.h names; empty = kv.eviction_policy (filled in
-  // by LowerTierSpecs). Disk tiers run lru only so far.
+  // by LowerTierSpecs). Host and disk tiers; the remote tier evicts nothing.
   std::string eviction_policy;
   // Where it was configured, for messages: "kv.tiers[1]" or the shorthand's
   // flag and key.

@@ -297,6 +297,60 @@ TEST(DiskStoreTest, LruEvictionAtCapacityKeepsOrderAcrossReopen) {
   for (uint64_t i : {0, 4, 7, 8, 9, 10, 11, 12}) ExpectBlock(*s, i);
 }
 
+// The disk tier runs the configured eviction policy (kvcache/eviction_policy.h):
+// five blocks read twice each, then a scan of 20 blocks never read. LRU
+// gives the read blocks up to the scan; S3-FIFO keeps them (their hits move
+// them out of its small queue into the main one) and evicts scan blocks.
+// The policy's decisions are in stats(), and it still runs after a reopen.
+TEST(DiskStoreTest, EvictionPolicyIsTheConfiguredOne) {
+  for (const char* policy : {"lru", "s3fifo"}) {
+    SCOPED_TRACE(policy);
+    TempDir dir;
+    DiskStoreOptions o = Opts(dir.path(), 16 << 10, 10);
+    o.eviction_policy = policy;
+    const std::vector<uint64_t> hot = {0, 1, 2, 3, 4};
+    {
+      auto s = MustOpen(o);
+      ASSERT_TRUE(s);
+      WriteBlocks(*s, hot, Ns(1));
+      for (int round = 0; round < 2; ++round) {
+        for (uint64_t i : hot) ExpectBlock(*s, i);
+      }
+      std::vector<uint64_t> scan;
+      for (uint64_t i = 100; i < 120; ++i) scan.push_back(i);
+      for (uint64_t i : scan) WriteBlocks(*s, {i}, Ns(1));
+      const StoreStats st = s->stats();
+      EXPECT_EQ(st.eviction_policy, policy);
+      EXPECT_EQ(st.blocks, 10u);
+      EXPECT_EQ(st.evictions, 15u);
+      EXPECT_EQ(st.policy.evicted, 15u);
+      EXPECT_EQ(st.policy.inserted, 25u);
+      EXPECT_EQ(st.policy.hits, 10u);
+      for (uint64_t i : hot) {
+        EXPECT_EQ(s->Contains(HashOf(i)), std::string(policy) != "lru") << i;
+      }
+      if (std::string(policy) == "lru") {
+        for (uint64_t i = 110; i < 120; ++i) EXPECT_TRUE(s->Contains(HashOf(i))) << i;
+      }
+    }
+    auto s = MustOpen(o);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->stats().blocks, 10u);
+    EXPECT_EQ(s->stats().eviction_policy, policy);
+    WriteBlocks(*s, {200, 201}, Ns(1));
+    EXPECT_EQ(s->stats().blocks, 10u);
+    ExpectBlock(*s, 200);
+    ExpectBlock(*s, 201);
+  }
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 10);
+  o.eviction_policy = "mru";
+  auto r = DiskStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.error().message().find("mru"), std::string::npos) << r.error().ToString();
+}
+
 TEST(DiskStoreTest, SmallerCapacityOnReopenEvicts) {
   TempDir dir;
   DiskStoreOptions o = Opts(dir.path(), 16 << 10, 40);

@@ -31,6 +31,45 @@ kv:
   EXPECT_EQ(defaults.prefetch_max_requests, 4);
 }
 
+// kv.eviction_policy is the default of the host and the disk tier (the
+// shorthands and kv.tiers entries); a kv.tiers entry's own eviction_policy
+// overrides it, a disk tier's too; the remote tier takes none.
+TEST(KvConfigPolicyTest, EvictionPolicyIsTheDefaultOfHostAndDiskTiers) {
+  KvCacheConfig c;
+  c.host_bytes = 64 << 20;
+  c.disk_path = "/tmp/unused";
+  c.disk_bytes = 128 << 20;
+  ASSERT_TRUE(ApplyKvFlag("--kv-eviction-policy", "s3fifo", &c).ok());
+  auto specs = LowerTierSpecs(c);
+  ASSERT_TRUE(specs.ok()) << specs.error().ToString();
+  ASSERT_EQ(specs->size(), 2u);
+  EXPECT_EQ((*specs)[0].eviction_policy, "s3fifo");
+  EXPECT_EQ((*specs)[1].kind, TierKind::kDisk);
+  EXPECT_EQ((*specs)[1].eviction_policy, "s3fifo");
+
+  auto cfg = Config::Parse(
+      "kv:\n  eviction_policy: freq\n  tiers:\n    - {kind: host, bytes: 64M}\n"
+      "    - {kind: disk, path: /tmp/unused-a, bytes: 1G, eviction_policy: s3fifo}\n"
+      "    - {kind: disk, name: d2, path: /tmp/unused-b, bytes: 2G}\n",
+      "test.yaml");
+  ASSERT_TRUE(cfg.ok()) << cfg.error().ToString();
+  auto listed = KvCacheConfigFromYaml(*cfg, {});
+  ASSERT_TRUE(listed.ok()) << listed.error().ToString();
+  specs = LowerTierSpecs(*listed);
+  ASSERT_TRUE(specs.ok()) << specs.error().ToString();
+  ASSERT_EQ(specs->size(), 3u);
+  EXPECT_EQ((*specs)[0].eviction_policy, "freq");
+  EXPECT_EQ((*specs)[1].eviction_policy, "s3fifo");
+  EXPECT_EQ((*specs)[2].eviction_policy, "freq");
+
+  cfg = Config::Parse("kv:\n  tiers:\n    - {kind: disk, path: /tmp/unused-a, bytes: 1G, eviction_policy: mru}\n",
+                      "test.yaml");
+  ASSERT_TRUE(cfg.ok());
+  listed = KvCacheConfigFromYaml(*cfg, {});
+  ASSERT_FALSE(listed.ok());
+  EXPECT_NE(listed.error().message().find("mru"), std::string::npos) << listed.error().ToString();
+}
+
 // A host tier whose write policy is not given: exclusive alone (the
 // hierarchy then serves as one cache of its total size), write-through in
 // a cluster (peers read the host tier); given, it is kept either way. The
