@@ -126,8 +126,9 @@ bool Q8Supported(DType t);
 // ---- Weights repacked for the 16-row lane kernels ---------------------------
 //
 // The AVX-512 VNNI Q8_0 / Q4_0 kernel puts 16 weight rows in the 16 lanes of
-// a vector. From the file's layout it transposes every block of 16 rows on
-// each call; PackLanes does that once, at load. Group g (rows 16g..16g+15)
+// a vector (the AVX2 one, 8 rows in each half of a group). From the file's
+// layout it transposes every block of rows on each call; PackLanes does that
+// once, at load. Group g (rows 16g..16g+15)
 // takes the same bytes as those rows in the file, at the same offset
 // (16g * row_bytes), laid out as:
 //   - nb * 32 bytes of scales: block b's 16 f16 scales at 32b, row i's at 2i;

@@ -1,7 +1,8 @@
 // AVX2 int8-activation kernels (matmul_q8.h), for CPUs without AVX-512 VNNI.
 // Compiled for AVX2 + FMA + F16C; only reached through Avx2Q8Kernels(), which
-// checks the CPU. Block sums by vpmaddubsw (pairs of u8 x s8, at most
-// 2 * 128 * 127 < 2^15, so never saturating) and vpmaddwd (exact).
+// checks the CPU. Block sums by vpmaddubsw (pairs of u8 x s8, never
+// saturating: bounds below) and vpmaddwd (exact). Q8_0 / Q4_0 by the lane
+// kernel below (PackLanes's groups); the K-quants by matmul_q8_simd.h.
 
 #include <immintrin.h>
 
