@@ -124,8 +124,10 @@ inline __m256i Quad(const int8_t* xq, int k) {
 
 // Halves h0..h0+NH-1 of rows r0..r0+nr-1 (nr <= 16) x tokens t0..t0+NT-1.
 template <int kIndex, int NH, int NT, class Rows>
-void LaneTile8(const Q8Args& a, const Rows& src, int64_t r0, int nr, int h0, int64_t t0) {
+void LaneTile8(const Q8Args& a, const Rows& src, int64_t r0, int nr, int h0, int64_t t0,
+               const uint8_t* prefetch = nullptr) {
   const int64_t nb = a.cols / 32;
+  constexpr int kPrefetchLines = static_cast<int>((kLaneRows * BlockBytes<kIndex>() + 63) / 64);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[NH][NT];
 #pragma GCC unroll 2
@@ -134,6 +136,12 @@ void LaneTile8(const Q8Args& a, const Rows& src, int64_t r0, int nr, int h0, int
     for (int t = 0; t < NT; ++t) acc[h][t] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < nb; ++b) {
+    if (prefetch != nullptr) {
+      // The next 16 rows, spread over this group's blocks.
+      for (int l = 0; l < kPrefetchLines; ++l) {
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch + (b * kPrefetchLines + l) * 64), _MM_HINT_T0);
+      }
+    }
 #pragma GCC unroll 2
     for (int h = 0; h < NH; ++h) {
       __m256i v[8];
@@ -196,11 +204,11 @@ void LaneTile8(const Q8Args& a, const Rows& src, int64_t r0, int nr, int h0, int
 // half on its own, kLaneTokens2 tokens at a time, so each block's codes are
 // decoded once for them.
 template <int kIndex, class Rows>
-void LaneGroup8(const Q8Args& a, const Rows& src, int64_t r, int nr) {
+void LaneGroup8(const Q8Args& a, const Rows& src, int64_t r, int nr, const uint8_t* next) {
   const int halves = nr > 8 ? 2 : 1;
   if (a.n_tokens == 1) {
     if (halves == 2) {
-      LaneTile8<kIndex, 2, 1>(a, src, r, nr, 0, 0);
+      LaneTile8<kIndex, 2, 1>(a, src, r, nr, 0, 0, next);
     } else {
       LaneTile8<kIndex, 1, 1>(a, src, r, nr, 0, 0);
     }
@@ -226,14 +234,21 @@ void LaneGroup8(const Q8Args& a, const Rows& src, int64_t r, int nr) {
 }
 static_assert(kLaneTokens2 == 4, "LaneGroup8 finishes with 1-3 tokens");
 
+inline bool Packed(const Q8Args& a, int64_t r, int nr) {
+  return a.lanes != nullptr && nr == kLaneRows && r % kLaneRows == 0;
+}
+
 template <int kIndex>
 void LaneRows8(const Q8Args& a) {
   for (int64_t r = a.row_begin; r < a.row_end; r += kLaneRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kLaneRows, a.row_end - r));
-    if (a.lanes != nullptr && nr == kLaneRows && r % kLaneRows == 0) {
-      LaneGroup8<kIndex>(a, PackedRows8<kIndex>(a, r), r, nr);
+    const int64_t rn = r + kLaneRows;  // the group prefetched
+    const uint8_t* next = nullptr;
+    if (rn + kLaneRows <= a.row_end) next = (Packed(a, rn, kLaneRows) ? a.lanes : a.w) + rn * a.row_bytes;
+    if (Packed(a, r, nr)) {
+      LaneGroup8<kIndex>(a, PackedRows8<kIndex>(a, r), r, nr, next);
     } else {
-      LaneGroup8<kIndex>(a, FileRows8<kIndex>(a, r, nr), r, nr);
+      LaneGroup8<kIndex>(a, FileRows8<kIndex>(a, r, nr), r, nr, next);
     }
   }
 }
