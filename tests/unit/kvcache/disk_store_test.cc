@@ -351,6 +351,31 @@ TEST(DiskStoreTest, EvictionPolicyIsTheConfiguredOne) {
   EXPECT_NE(r.error().message().find("mru"), std::string::npos) << r.error().ToString();
 }
 
+// cache_ttl_seconds on the disk tier (BlockStore::KeepFor, real clock): a
+// kept block outlives blocks LRU would keep, whether the ask came after its
+// write or before the write completed; an ask that has expired keeps nothing.
+TEST(DiskStoreTest, KeptBlocksAreEvictedLast) {
+  TempDir dir;
+  auto s = MustOpen(Opts(dir.path(), 16 << 10, 4));
+  ASSERT_TRUE(s);
+  constexpr int64_t kHour = int64_t{3600} * 1000 * 1000 * 1000;
+  WriteBlocks(*s, {0, 1}, Ns(1));
+  s->KeepFor(HashOf(0), kHour);  // after its write
+  s->KeepFor(HashOf(1), 1);      // expires at once
+  s->KeepFor(HashOf(2), kHour);  // before its write
+  WriteBlocks(*s, {2, 3}, Ns(1));
+  for (uint64_t i = 10; i < 16; ++i) WriteBlocks(*s, {i}, Ns(1));
+  EXPECT_TRUE(s->Contains(HashOf(0)));
+  EXPECT_TRUE(s->Contains(HashOf(2)));
+  EXPECT_FALSE(s->Contains(HashOf(1)));
+  EXPECT_FALSE(s->Contains(HashOf(3)));
+  EXPECT_TRUE(s->Contains(HashOf(15)));
+  EXPECT_EQ(s->stats().blocks, 4u);
+  EXPECT_EQ(s->stats().policy.evicted_kept, 0u);
+  ExpectBlock(*s, 0);
+  ExpectBlock(*s, 2);
+}
+
 TEST(DiskStoreTest, SmallerCapacityOnReopenEvicts) {
   TempDir dir;
   DiskStoreOptions o = Opts(dir.path(), 16 << 10, 40);
