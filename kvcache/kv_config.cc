@@ -378,9 +378,9 @@ Result<std::vector<TierSpec>> LowerTierSpecs(const KvCacheConfig& c) {
     out.push_back(std::move(r));
   }
   for (TierSpec& t : out) {  // the default policies of the host and disk tiers
-    if (t.kind == TierKind::kDisk && t.eviction_policy.empty()) t.eviction_policy = c.eviction_policy;
-    if (t.kind != TierKind::kHost) continue;
+    if (t.kind != TierKind::kHost && t.kind != TierKind::kDisk) continue;  // the remote tier evicts nothing
     if (t.eviction_policy.empty()) t.eviction_policy = c.eviction_policy;
+    if (t.kind != TierKind::kHost) continue;
     if (!t.write_policy_set) t.write_policy = c.cluster ? WritePolicy::kWriteThrough : WritePolicy::kExclusive;
   }
   STRATA_RETURN_IF_ERROR(ValidateTierSpecs(out));
