@@ -70,7 +70,7 @@ struct InstanceConfig {
   kvcache::WritePolicy disk_write_policy = kvcache::WritePolicy::kWriteThrough;
   // Eviction policy of the device pool and the default of the lower tiers
   // (kvcache/eviction_policy.h; kv.eviction_policy live).
-  std::string eviction_policy = "lru";
+  std::string eviction_policy = kvcache::kDefaultEvictionPolicy;
   std::string host_eviction_policy;  // the host tier's; empty = eviction_policy
   bool remote = false;
   double remote_read_bytes_per_s = 0;  // 0 = instant

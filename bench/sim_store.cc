@@ -67,6 +67,15 @@ int64_t SimStore::Schedule(int64_t* channel_free, double bytes_per_s) {
   return done;
 }
 
+Status SimStore::ReplaceEvictionPolicy(const PolicyFactory& make) {
+  if (!index_.empty() || !pending_.empty())
+    return Status::Unsupported("simulated tier '" + options_.name + "': its eviction policy can be replaced only while it is empty");
+  auto p = make(static_cast<int32_t>(max_blocks_), policy_->name());
+  if (!p.ok()) return p.error();
+  policy_ = std::move(p).value();
+  return Status::Ok();
+}
+
 Status SimStore::SubmitWrite(const BlockHash& h, const Sha256Digest& /*ns*/, const Region& /*src*/,
                              uint64_t tag) {
   if (remote()) return Status::InvalidArgument("tier '" + options_.name + "' is read-only (the cluster pool)");

@@ -51,7 +51,7 @@ struct SimStoreOptions {
   double write_bytes_per_s = 0;  // 0 = instant
   kvcache::TierKind kind = kvcache::TierKind::kHost;
   double latency_s = 0;  // remote mode: per read, on top of the bandwidth
-  std::string eviction_policy = "lru";  // kvcache/eviction_policy.h names
+  std::string eviction_policy = kvcache::kDefaultEvictionPolicy;  // kvcache/eviction_policy.h names
 };
 
 class SimStore final : public kvcache::BlockStore {
@@ -92,6 +92,7 @@ class SimStore final : public kvcache::BlockStore {
   // Clock time by which every pending operation has completed (its
   // channels are free again); INT64_MAX when none is pending.
   int64_t last_completion_nanos() const;
+  Status ReplaceEvictionPolicy(const PolicyFactory& make) override;
   uint64_t max_blocks() const { return max_blocks_; }
 
  private:

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -179,6 +180,19 @@ class BlockStore {
   // the `auto` load policy; 0 = none measured (the configured estimate
   // stands).
   virtual double measured_read_bytes_per_s() const { return 0; }
+
+  // Replaces the store's eviction policy with make(slots, name), where
+  // `slots` is the store's slot count and `name` its current policy's (the
+  // KvManager hands an exclusive host tier its view of the hierarchy's
+  // policy: kvcache/hierarchy_policy.h). Only while the store holds
+  // nothing: Unsupported otherwise, and (the default) for
+  // a store whose policy cannot be replaced.
+  using PolicyFactory =
+      std::function<Result<std::unique_ptr<EvictionPolicy>>(int32_t slots, std::string_view name)>;
+  virtual Status ReplaceEvictionPolicy(const PolicyFactory& make) {
+    (void)make;
+    return Status::Unsupported(std::string(name()) + " tier: its eviction policy cannot be replaced");
+  }
 
  protected:
   BlockStore() = default;

@@ -66,7 +66,7 @@ struct DiskStoreOptions {
   // names). Each block's last use is kept in the index, so after a reopen
   // lru resumes its order; the other policies restart from that order with
   // no history (hits, frequencies, ghosts).
-  std::string eviction_policy = "lru";
+  std::string eviction_policy = kDefaultEvictionPolicy;
 };
 
 class DiskStore : public BlockStore {

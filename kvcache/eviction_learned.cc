@@ -69,18 +69,23 @@ class LearnedPolicy final : public PolicyCore {
     }
   }
   int32_t Pick() override {
-    std::vector<int32_t>& from = !leaves_.empty() ? leaves_ : inner_;
-    if (from.empty()) return -1;
-    const size_t n = from.size();
-    const bool all = n <= static_cast<size_t>(kSamples);
-    int32_t best = -1;
-    Score best_score{};
-    for (size_t k = 0; k < (all ? n : static_cast<size_t>(kSamples)); ++k) {
-      const int32_t slot = all ? from[k] : from[Next() % n];
-      const Score sc = ScoreOf(slot);
-      if (best < 0 || sc > best_score) best = slot, best_score = sc;
+    for (std::vector<int32_t>* from : {&leaves_, &inner_}) {
+      const size_t n = from->size();
+      if (n == 0) continue;
+      const bool all = n <= static_cast<size_t>(kSamples);
+      int32_t best = -1;
+      Score best_score{};
+      auto consider = [&](int32_t slot) {
+        if (!pickable(slot)) return;
+        const Score sc = ScoreOf(slot);
+        if (best < 0 || sc > best_score) best = slot, best_score = sc;
+      };
+      for (size_t k = 0; k < (all ? n : static_cast<size_t>(kSamples)); ++k) consider(all ? (*from)[k] : (*from)[Next() % n]);
+      if (best < 0 && !all)  // every sample is held above (SetAbove): look at all of them
+        for (int32_t slot : *from) consider(slot);
+      if (best >= 0) return best;
     }
-    return best;
+    return -1;
   }
   std::vector<int32_t> PolicyOrder() const override {
     std::vector<std::pair<Score, int32_t>> v;

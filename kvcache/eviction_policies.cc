@@ -47,21 +47,24 @@ class S3FifoPolicy final : public PolicyCore {
       const int32_t total = small_.size() + main_.size();
       if (total == 0) return -1;
       const int32_t small_target = std::max<int32_t>(1, total / 10);
-      if (!small_.empty() && (small_.size() >= small_target || main_.empty())) {
-        const int32_t h = small_.Front();
-        const size_t u = static_cast<size_t>(h);
-        if (freq_[u] == 0) return h;  // not used since stored: out (to the ghost list)
-        small_.Remove(h);
+      // Slots held above (SetAbove) keep their places and count toward the
+      // sizes, as in one flat cache; only the others are candidates.
+      const int32_t hs = FirstPickable(small_);
+      const int32_t hm = FirstPickable(main_);
+      if (hs == LruList::kNone && hm == LruList::kNone) return -1;
+      if (hs != LruList::kNone && (small_.size() >= small_target || hm == LruList::kNone)) {
+        const size_t u = static_cast<size_t>(hs);
+        if (freq_[u] == 0) return hs;  // not used since stored: out (to the ghost list)
+        small_.Remove(hs);
         in_main_[u] = true;
         freq_[u] = 0;
-        main_.PushBack(h);
+        main_.PushBack(hs);
         continue;
       }
-      const int32_t h = main_.Front();
-      uint8_t& f = freq_[static_cast<size_t>(h)];
-      if (f == 0) return h;
+      uint8_t& f = freq_[static_cast<size_t>(hm)];
+      if (f == 0) return hm;
       --f;  // second chance
-      main_.Touch(h);
+      main_.Touch(hm);
     }
   }
   std::vector<int32_t> PolicyOrder() const override {
@@ -126,7 +129,11 @@ class FreqPolicy final : public PolicyCore {
     // Only a priority the slot had in the set (a kept block never entered it).
     if (evicted && was_in_policy) inflation_ = std::max(inflation_, prio_[static_cast<size_t>(slot)]);
   }
-  int32_t Pick() override { return set_.empty() ? -1 : std::get<3>(*set_.begin()); }
+  int32_t Pick() override {
+    for (const Key& k : set_)
+      if (pickable(std::get<3>(k))) return std::get<3>(k);
+    return -1;
+  }
   std::vector<int32_t> PolicyOrder() const override {
     std::vector<int32_t> out;
     for (const Key& k : set_) out.push_back(std::get<3>(k));

@@ -194,7 +194,14 @@ int32_t PolicyCore::Victim() {
   ExpireKept();
   const int32_t v = Pick();
   if (v >= 0) return v;
-  return kept_.empty() ? -1 : std::get<2>(*kept_.begin());  // only kept blocks left: the soonest to expire
+  for (const auto& k : kept_)  // only kept blocks left: the soonest to expire
+    if (pickable(std::get<2>(k))) return std::get<2>(k);
+  return -1;
+}
+
+void PolicyCore::SetAbove(int32_t slot, bool above) {
+  assert(s(slot).held);
+  m(slot).above = above;
 }
 
 std::vector<int32_t> PolicyCore::Order() const {
@@ -246,7 +253,7 @@ class LruPolicy final : public PolicyCore {
   void Enter(int32_t slot) override { lru_.PushBack(slot); }
   void Leave(int32_t slot) override { lru_.Remove(slot); }
   void Touched(int32_t slot, uint64_t) override { lru_.Touch(slot); }
-  int32_t Pick() override { return lru_.Front(); }
+  int32_t Pick() override { return FirstPickable(lru_); }
   std::vector<int32_t> PolicyOrder() const override {
     std::vector<int32_t> out;
     out.reserve(static_cast<size_t>(lru_.size()));
@@ -285,8 +292,10 @@ class LeafLruPolicy final : public PolicyCore {
     now.emplace(s(slot).last, slot);
   }
   int32_t Pick() override {
-    if (!leaves_.empty()) return leaves_.begin()->second;
-    return inner_.empty() ? -1 : inner_.begin()->second;
+    for (const std::set<Key>* set : {&leaves_, &inner_})
+      for (const Key& k : *set)
+        if (pickable(k.second)) return k.second;
+    return -1;
   }
   std::vector<int32_t> PolicyOrder() const override {
     std::vector<int32_t> out;

@@ -127,7 +127,20 @@ class EvictionPolicy {
   // nanoseconds); the tier sets it before it asks for victims. A block kept
   // until a later time is evicted only when no other block is evictable.
   virtual void SetNow(int64_t now_nanos) = 0;
+
+  // The block is held by a tier above the ones this policy evicts from (a
+  // policy over a whole hierarchy, kvcache/hierarchy_policy.h: the device
+  // holds it). It keeps its place in the ranking and its uses count, but
+  // Victim never returns it. REQUIRES: slot held. Setting the current state
+  // again does nothing.
+  virtual void SetAbove(int32_t slot, bool above) = 0;
+  virtual bool above(int32_t slot) const = 0;  // false for a slot not held
 };
+
+// The default of kv.eviction_policy, of every tier, and of the simulator:
+// the one policy measured at least as good as lru on the shared trace at
+// every size, flat and in every hierarchy (docs/simulator.md).
+inline constexpr const char* kDefaultEvictionPolicy = "s3fifo";
 
 // "lru", "leaf_lru", "s3fifo", "freq", "learned".
 const std::vector<std::string>& EvictionPolicyNames();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvcache/eviction_policy.h"
+#include "kvcache/lru_list.h"
 
 namespace strata::kvcache::policy_internal {
 
@@ -37,6 +38,8 @@ class PolicyCore : public EvictionPolicy {
   const PolicyStats& stats() const final { return stats_; }
   Status CheckConsistency() const final;
   void SetNow(int64_t now_nanos) final { now_ = now_nanos; }
+  void SetAbove(int32_t slot, bool above) final;
+  bool above(int32_t slot) const final { return s(slot).held && s(slot).above; }
 
  protected:
   struct Slot {
@@ -45,6 +48,7 @@ class PolicyCore : public EvictionPolicy {
     bool in_policy = false;  // evictable and not kept: the derived policy holds it
     bool kept = false;       // evictable, keep_until in the future
     bool had_keep = false;
+    bool above = false;      // SetAbove: ranked, never the victim
     int32_t depth = -1;
     int32_t chain_blocks = -1;
     int32_t parent = -1;
@@ -64,6 +68,16 @@ class PolicyCore : public EvictionPolicy {
   // not), from a count-min sketch of 4-bit counters halved every
   // 10 × capacity records (TinyLFU's aging).
   uint32_t Frequency(uint64_t key) const;
+  // Whether Pick may return the slot (not held above: SetAbove). Every Pick
+  // skips the slots it may not return, leaving them in place.
+  bool pickable(int32_t slot) const { return !s(slot).above; }
+  // The first slot of `list` from its front that Pick may return, or
+  // LruList::kNone.
+  int32_t FirstPickable(const LruList& list) const {
+    int32_t i = list.Front();
+    while (i != LruList::kNone && !pickable(i)) i = list.Next(i);
+    return i;
+  }
 
   // The slot entered the policy (evictable; its `last` is current) / left
   // it (before Erase, or referenced/pinned again).
@@ -81,7 +95,8 @@ class PolicyCore : public EvictionPolicy {
   // policy: `was_in_policy`; false for a kept or not evictable slot).
   virtual void OnErase(int32_t slot, bool evicted, bool was_in_policy) { (void)slot, (void)evicted, (void)was_in_policy; }
   virtual bool AdmitBlock(const BlockTraits& traits) { (void)traits; return true; }
-  // A victim among the slots in the policy, or -1 when it holds none.
+  // A victim among the slots in the policy that are pickable, or -1 when
+  // it holds none.
   virtual int32_t Pick() = 0;
   // The slots in the policy, next victim first.
   virtual std::vector<int32_t> PolicyOrder() const = 0;

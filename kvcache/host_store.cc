@@ -236,6 +236,14 @@ void HostStore::Unpin(const BlockHash& h) {
   }
 }
 
+Status HostStore::ReplaceEvictionPolicy(const PolicyFactory& make) {
+  if (!index_.empty() || !pinned_hashes_.empty())
+    return Status::Unsupported("host tier: its eviction policy can be replaced only while it is empty");
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, make(num_slots(), policy_->name()));
+  policy_ = std::move(p);
+  return Status::Ok();
+}
+
 Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const Region& src, uint64_t tag) {
   STRATA_ASSIGN_OR_RETURN(std::span<uint8_t> data, HostBytes(src, block_bytes_, metadata_only_));
   if (auto it = index_.find(h); it != index_.end()) {

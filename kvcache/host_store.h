@@ -50,7 +50,7 @@ struct HostStoreOptions {
   // (libcudart.so, libcudart.so.13, libcudart.so.12, libcudart.so.11.0).
   std::string cudart_library = {};
   // kvcache/eviction_policy.h names; Create refuses an unknown one.
-  std::string eviction_policy = "lru";
+  std::string eviction_policy = kDefaultEvictionPolicy;
 };
 
 class HostStore final : public BlockStore {
@@ -96,6 +96,7 @@ class HostStore final : public BlockStore {
   // Slots pinned now (including ones dropped while pinned).
   size_t pinned_slots() const { return pinned_hashes_.size(); }
   const EvictionPolicy& policy() const { return *policy_; }
+  Status ReplaceEvictionPolicy(const PolicyFactory& make) override;
 
  private:
   std::vector<BlockHash> HeldBlocks() const override;

@@ -62,7 +62,7 @@ struct KvCacheConfig {
   // policy and the default of each host and disk tier
   // (kv.tiers[].eviction_policy overrides it per tier). Names in
   // kvcache/eviction_policy.h.
-  std::string eviction_policy = "lru";
+  std::string eviction_policy = kDefaultEvictionPolicy;
   // kv.tiers: the lower tiers as a list (kvcache/tier_registry.h). The host_*
   // and disk_* fields above are shorthands for a list of one host and one
   // disk tier; LowerTierSpecs resolves which applies.

@@ -30,34 +30,63 @@ Status CheckOptions(const KvManagerOptions& options, const Clock* clock) {
   return Status::Ok();
 }
 
+// The device pool's policy. When the first lower tier is exclusive and can
+// take a policy from outside (host, simulated host), the two tiers share one
+// (kvcache/hierarchy_policy.h), under the tier's policy name (which
+// kv.eviction_policy defaults); else the pool has its own.
+Result<std::unique_ptr<EvictionPolicy>> DevicePolicy(const KvManagerOptions& options,
+                                                     const std::vector<LowerTier>& lowers,
+                                                     std::shared_ptr<HierarchyPolicy>* hierarchy) {
+  if (!lowers.empty() && lowers[0].store != nullptr) {
+    std::shared_ptr<HierarchyPolicy> h;
+    const Status s = lowers[0].store->ReplaceEvictionPolicy(
+        [&](int32_t slots, std::string_view name) -> Result<std::unique_ptr<EvictionPolicy>> {
+          STRATA_ASSIGN_OR_RETURN(h, HierarchyPolicy::Create(name, options.num_device_blocks, slots));
+          return h->TierView();
+        });
+    if (s.ok()) {
+      *hierarchy = h;
+      return h->DeviceView();
+    }
+    if (s.code() != StatusCode::kUnsupported) return s;
+    STRATA_LOG_INFO("kv manager: per-tier eviction policies ({})", s.message());
+  }
+  return MakeEvictionPolicy(options.eviction_policy, options.num_device_blocks);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options,
                                                      BlockMemoryFn device_memory,
                                                      std::vector<LowerTier> lowers, Clock* clock) {
   STRATA_RETURN_IF_ERROR(CheckOptions(options, clock));
-  std::unique_ptr<KvManager> m(new KvManager(options, clock));
+  std::shared_ptr<HierarchyPolicy> hierarchy;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> device_policy, DevicePolicy(options, lowers, &hierarchy));
+  std::unique_ptr<KvManager> m(new KvManager(options, clock, std::move(device_policy)));
+  m->hierarchy_ = std::move(hierarchy);
   KvManager* self = m.get();
   STRATA_ASSIGN_OR_RETURN(m->mover_, TierMover::Create(options, std::move(device_memory), std::move(lowers), &m->pool_,
                                                        clock, [self](const LoadDone& d) { self->OnLoadDone(d); }));
+  m->mover_->set_hierarchy(m->hierarchy_.get());
   return m;
 }
 
 Result<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options, DeviceKv device,
                                                      std::vector<LowerTier> lowers, Clock* clock) {
   STRATA_RETURN_IF_ERROR(CheckOptions(options, clock));
-  std::unique_ptr<KvManager> m(new KvManager(options, clock));
+  std::shared_ptr<HierarchyPolicy> hierarchy;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> device_policy, DevicePolicy(options, lowers, &hierarchy));
+  std::unique_ptr<KvManager> m(new KvManager(options, clock, std::move(device_policy)));
+  m->hierarchy_ = std::move(hierarchy);
   KvManager* self = m.get();
   STRATA_ASSIGN_OR_RETURN(m->mover_, TierMover::Create(options, device, std::move(lowers), &m->pool_, clock,
                                                        [self](const LoadDone& d) { self->OnLoadDone(d); }));
+  m->mover_->set_hierarchy(m->hierarchy_.get());
   return m;
 }
 
-KvManager::KvManager(const KvManagerOptions& options, Clock* clock)
-    : options_(options),
-      clock_(clock),
-      pool_(options.num_device_blocks,
-            std::move(MakeEvictionPolicy(options.eviction_policy, options.num_device_blocks)).value()) {}
+KvManager::KvManager(const KvManagerOptions& options, Clock* clock, std::unique_ptr<EvictionPolicy> device_policy)
+    : options_(options), clock_(clock), pool_(options.num_device_blocks, std::move(device_policy)) {}
 
 KvManager::~KvManager() {
   if (events_ != nullptr) SetEventLog(nullptr);  // the stores outlive the manager; the log may not

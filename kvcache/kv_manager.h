@@ -300,7 +300,7 @@ class KvManager {
     uint64_t mover_id = 0;
   };
 
-  KvManager(const KvManagerOptions& options, Clock* clock);
+  KvManager(const KvManagerOptions& options, Clock* clock, std::unique_ptr<EvictionPolicy> device_policy);
   int32_t MaxCachedBlocks(size_t prompt_tokens, size_t chain_blocks) const;
   size_t CountDeviceHits(std::span<const BlockHash> chain, size_t max_blocks) const;
   Result<AllocOutcome> TakePrefix(RequestId id, Request& r, int32_t num_tokens);
@@ -329,6 +329,8 @@ class KvManager {
   KvManagerStats stats_;  // queries, device and lower hits (the mover keeps the rest)
   KvEventLog* events_ = nullptr;
   // Destroyed first (see ~KvManager): its drain reports loads into requests_.
+  // The policy the pool shares with an exclusive first lower tier, if any.
+  std::shared_ptr<HierarchyPolicy> hierarchy_;
   std::unique_ptr<TierMover> mover_;
 };
 

@@ -56,7 +56,7 @@ struct KvManagerOptions {
   // CPU backend's pool is host memory); a DeviceKv's segment says its own.
   SegmentKind device_memory_kind = SegmentKind::kHost;
   // The device pool's eviction policy (kvcache/eviction_policy.h names).
-  std::string eviction_policy = "lru";
+  std::string eviction_policy = kDefaultEvictionPolicy;
 };
 
 // The device KV pool as the KV manager sees it; the backend allocates it

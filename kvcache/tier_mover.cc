@@ -555,6 +555,14 @@ void TierMover::WriteBackEvicted(std::span<const int> loads_from) {
     }
     staging_->PutBack(staging);  // taken, but every submission failed
   }
+  SettleHierarchy();
+}
+
+void TierMover::SettleHierarchy() {
+  if (hierarchy_ == nullptr || hierarchy_->in_transit() == 0 || lowers_.empty()) return;
+  std::unordered_set<uint64_t> pending;
+  for (const BlockHash& h : writes_in_flight_[0]) pending.insert(BlockHashHasher{}(h));
+  hierarchy_->Settle([&](uint64_t key) { return pending.contains(key); });
 }
 
 void TierMover::SubmitWriteBack(size_t t, const BlockHash& h, const Region& data, int32_t staging,
@@ -597,6 +605,7 @@ void TierMover::DropDeferred(const std::vector<bool>* tiers) {
     if (d.staging >= 0 && staging_) staging_->Release(d.staging);
   }
   deferred_.swap(keep);
+  SettleHierarchy();
 }
 
 void TierMover::SubmitWriteBackNow(size_t t, const BlockHash& h, const Region& data, int32_t staging,
@@ -723,6 +732,7 @@ size_t TierMover::Poll() {
     for (const auto& c : completions_) Complete(c);
   }
   if (!device_host_) n += FinishCopiedLoads();
+  SettleHierarchy();
   return n;
 }
 

@@ -62,6 +62,7 @@
 #include "common/status.h"
 #include "kvcache/block_pool.h"
 #include "kvcache/clock.h"
+#include "kvcache/hierarchy_policy.h"
 #include "kvcache/kv_types.h"
 #include "kvcache/staging_buffers.h"
 
@@ -158,6 +159,11 @@ class TierMover {
   // until each completes or fails, and write-backs to it wait for them (see
   // SubmitWriteBack).
   void WriteBackEvicted(std::span<const int> loads_from = {});
+  // The one policy over the device pool and tier 0 (kvcache/
+  // hierarchy_policy.h), when the KvManager made one: after write-backs are
+  // submitted, dropped or completed, the mover tells it which demoted blocks
+  // no write will store. Not owned; null = none.
+  void set_hierarchy(HierarchyPolicy* hierarchy) { hierarchy_ = hierarchy; }
 
   // Handles finished operations. Never blocks. Returns how many.
   size_t Poll();
@@ -306,6 +312,8 @@ class TierMover {
     int64_t keep_until = 0;
   };
   std::deque<Deferred> deferred_;       // see SubmitWriteBack
+  HierarchyPolicy* hierarchy_ = nullptr;  // set_hierarchy
+  void SettleHierarchy();
   std::vector<uint32_t> promotions_;    // per tier: loads from an exclusive tier in flight
   std::unique_ptr<StagingBuffers> staging_;  // in segments_; made by Init
 };

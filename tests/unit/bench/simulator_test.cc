@@ -305,6 +305,7 @@ TEST(SimulatorTest, APooledRemoteTierReachesTheIdealWherePrivateTiersCannot) {
 TEST(SimulatorTest, ReportsLruAndBeladyReferencesOfOneFlatCache) {
   SimOptions o = OneBlockPerId();
   o.serial = true;
+  o.cluster.instance.eviction_policy = "lru";  // not the default (s3fifo)
   o.cluster.instance.host_bytes = 0;
   o.cluster.instance.disk_bytes = 0;
   for (uint64_t blocks : {2000u, 5000u}) {
@@ -339,6 +340,7 @@ TEST(SimulatorTest, EvictionAndWritePoliciesReachTheTiers) {
   o.cluster.instance.host_bytes = 0;
   o.cluster.instance.disk_bytes = 0;
   o.cluster.instance.device_bytes = Blocks(o, 5000);
+  o.cluster.instance.eviction_policy = "lru";
   auto lru = Simulate(SharedTrace(), o);
   o.cluster.instance.eviction_policy = "s3fifo";
   auto s3 = Simulate(SharedTrace(), o);
@@ -361,6 +363,17 @@ TEST(SimulatorTest, EvictionAndWritePoliciesReachTheTiers) {
   // working blocks cost a flat device pool too (0.9995 measured).
   EXPECT_GE(exclusive->hit_ratio_blocks, 0.998 * exclusive->lru_hit_ratio_blocks);
   EXPECT_GT(exclusive->hit_ratio_blocks, through->hit_ratio_blocks);
+
+  // One policy over both tiers (kvcache/hierarchy_policy.h) carries s3fifo's
+  // gain over LRU into the hierarchy: it serves about what s3fifo serves
+  // from one device pool of the total size (per-tier policies served less
+  // than LRU, a demoted block arriving at the host tier as new).
+  o.cluster.instance.eviction_policy = "s3fifo";
+  o.cluster.instance.host_write_policy = kvcache::WritePolicy::kExclusive;
+  auto s3_exclusive = Simulate(SharedTrace(), o);
+  ASSERT_TRUE(s3_exclusive.ok());
+  EXPECT_GT(s3_exclusive->hit_ratio_blocks, exclusive->hit_ratio_blocks + 0.005);
+  EXPECT_NEAR(s3_exclusive->hit_ratio_blocks, s3->hit_ratio_blocks, 1e-3);
 }
 
 TEST(SimStoreTest, ARemoteStoreReadsItsPeersBlocksAfterTheNetworkDelay) {

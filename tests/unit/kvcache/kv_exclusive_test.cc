@@ -127,6 +127,7 @@ TEST(KvExclusiveHierarchy, ServesAsOneFlatPoolOfTheTotalSize) {
       ho.capacity_bytes = static_cast<uint64_t>(host_blocks) * kBlockBytes;
       ho.block_bytes = kBlockBytes;
       ho.pin = false;
+      ho.eviction_policy = "lru";
       s.host = std::move(HostStore::Create(ho)).value();
       tiers.push_back({s.host.get(), WritePolicy::kExclusive, 0, 0});
     }
@@ -136,6 +137,7 @@ TEST(KvExclusiveHierarchy, ServesAsOneFlatPoolOfTheTotalSize) {
     o.block_bytes = kBlockBytes;
     o.ns = NamespaceDigest("exclusive-test", "llama", "f16", kBs);
     o.load_policy = LoadPolicy::kAlways;
+    o.eviction_policy = "lru";  // both: the flat pool's LRU is what the hierarchy reproduces
     o.writeback_staging_bytes = staging_blocks * kBlockBytes;
     uint8_t* base = s.device.data();
     auto mem = [base](BlockId id) { return base + id.value() * kBlockBytes; };

@@ -1,0 +1,376 @@
+#include "kvcache/hierarchy_policy.h"
+
+#include <cassert>
+#include <string>
+
+#include "kvcache/lru_list.h"
+
+namespace strata::kvcache {
+
+// ------------------------------------------------------------------ views
+
+// The device pool's policy: its own lru decides which block moves down;
+// every event also reaches P.
+class HierarchyDeviceView final : public EvictionPolicy {
+ public:
+  HierarchyDeviceView(std::shared_ptr<HierarchyPolicy> h, std::unique_ptr<EvictionPolicy> lru)
+      : h_(std::move(h)), lru_(std::move(lru)) {}
+  std::string_view name() const override { return h_->p_->name(); }
+  bool Admit(const BlockTraits&) override { return true; }
+  void Insert(int32_t slot, const BlockTraits& traits, bool evictable) override {
+    lru_->Insert(slot, traits, evictable);
+    h_->DeviceNamed(slot, traits);
+    if (evictable) SetEvictable(slot, true);
+  }
+  void Access(int32_t slot) override {
+    lru_->Access(slot);
+    h_->DeviceUsed(slot);
+  }
+  void SetEvictable(int32_t slot, bool evictable) override {
+    lru_->SetEvictable(slot, evictable);
+    const int32_t e = h_->device_entry_[static_cast<size_t>(slot)];
+    if (e >= 0) h_->p_->SetEvictable(e, evictable);
+  }
+  void Erase(int32_t slot, bool evicted) override {
+    lru_->Erase(slot, evicted);
+    h_->DeviceLeft(slot, evicted);
+  }
+  int32_t Victim() override { return lru_->Victim(); }
+  void KeepUntil(int32_t slot, int64_t until_nanos) override {
+    lru_->KeepUntil(slot, until_nanos);
+    const int32_t e = h_->device_entry_[static_cast<size_t>(slot)];
+    if (e >= 0) h_->p_->KeepUntil(e, until_nanos);
+  }
+  int64_t keep_until(int32_t slot) const override { return lru_->keep_until(slot); }
+  bool held(int32_t slot) const override { return lru_->held(slot); }
+  bool evictable(int32_t slot) const override { return lru_->evictable(slot); }
+  int32_t num_evictable() const override { return lru_->num_evictable(); }
+  std::vector<int32_t> Order() const override { return lru_->Order(); }
+  const PolicyStats& stats() const override { return lru_->stats(); }
+  Status CheckConsistency() const override {
+    STRATA_RETURN_IF_ERROR(lru_->CheckConsistency());
+    return h_->CheckConsistency();
+  }
+  void SetNow(int64_t now_nanos) override {
+    lru_->SetNow(now_nanos);
+    h_->p_->SetNow(now_nanos);
+  }
+  void SetAbove(int32_t, bool) override {}
+  bool above(int32_t) const override { return false; }
+
+ private:
+  std::shared_ptr<HierarchyPolicy> h_;
+  std::unique_ptr<EvictionPolicy> lru_;
+};
+
+// The tier's policy: its victims are P's, among the blocks only it holds.
+class HierarchyTierView final : public EvictionPolicy {
+ public:
+  HierarchyTierView(std::shared_ptr<HierarchyPolicy> h, int32_t slots)
+      : h_(std::move(h)), hits_since_stored_(static_cast<size_t>(slots), 0), fallback_(slots) {}
+  std::string_view name() const override { return h_->p_->name(); }
+  bool Admit(const BlockTraits& traits) override {
+    const bool ok = h_->p_->Admit(traits);
+    if (!ok) ++stats_.rejected;
+    return ok;
+  }
+  void Insert(int32_t slot, const BlockTraits& traits, bool evictable) override {
+    h_->TierStored(slot, traits, evictable);
+    hits_since_stored_[static_cast<size_t>(slot)] = 0;
+    num_evictable_ += evictable;
+    if (evictable) fallback_.PushBack(slot);
+    ++stats_.inserted;
+  }
+  // A read or a rewrite: counted here, not in P (the device counts the use
+  // when it names the loaded block).
+  void Access(int32_t slot) override {
+    ++hits_since_stored_[static_cast<size_t>(slot)];
+    ++stats_.hits;
+    if (fallback_.Contains(slot)) fallback_.Touch(slot);
+  }
+  void SetEvictable(int32_t slot, bool evictable) override {
+    const size_t u = static_cast<size_t>(slot);
+    if (h_->tier_evictable_[u] == evictable) return;
+    num_evictable_ += evictable ? 1 : -1;
+    h_->tier_evictable_[u] = evictable;
+    if (evictable) {
+      fallback_.PushBack(slot);
+    } else {
+      fallback_.Remove(slot);
+    }
+    h_->SetPlace(h_->tier_entry_[u]);
+  }
+  void Erase(int32_t slot, bool evicted) override {
+    const size_t u = static_cast<size_t>(slot);
+    if (h_->tier_evictable_[u]) --num_evictable_;
+    if (fallback_.Contains(slot)) fallback_.Remove(slot);
+    if (evicted) {
+      ++stats_.evicted;
+      if (hits_since_stored_[u] == 0) ++stats_.evicted_unused;
+      const int32_t e = h_->tier_entry_[u];
+      const int64_t keep = h_->p_->keep_until(e);
+      if (keep > 0) ++(keep <= now_ ? stats_.evicted_expired : stats_.evicted_kept);
+    } else {
+      ++stats_.removed;
+    }
+    h_->TierLeft(slot, evicted);
+  }
+  // P's victim among the blocks only the tier holds. When every evictable
+  // block of the tier is also on the device (a write-through tier no larger
+  // than the device), the least recently stored or read of them that is not
+  // kept (cache_ttl_seconds), else the least recently stored or read.
+  int32_t Victim() override {
+    const int32_t e = h_->p_->Victim();
+    if (e < 0) {
+      for (int32_t i = fallback_.Front(); i != LruList::kNone; i = fallback_.Next(i))
+        if (keep_until(i) <= now_) return i;
+      return fallback_.Front();
+    }
+    const int32_t slot = h_->entries_[static_cast<size_t>(e)].tier_slot;
+    assert(slot >= 0 && h_->tier_evictable_[static_cast<size_t>(slot)]);
+    return slot;
+  }
+  void KeepUntil(int32_t slot, int64_t until_nanos) override {
+    h_->p_->KeepUntil(h_->tier_entry_[static_cast<size_t>(slot)], until_nanos);
+  }
+  int64_t keep_until(int32_t slot) const override {
+    const int32_t e = h_->tier_entry_[static_cast<size_t>(slot)];
+    return e < 0 ? 0 : h_->p_->keep_until(e);
+  }
+  bool held(int32_t slot) const override { return h_->tier_entry_[static_cast<size_t>(slot)] >= 0; }
+  bool evictable(int32_t slot) const override { return h_->tier_evictable_[static_cast<size_t>(slot)]; }
+  int32_t num_evictable() const override { return num_evictable_; }
+  std::vector<int32_t> Order() const override {
+    std::vector<int32_t> out;
+    for (int32_t e : h_->p_->Order()) {
+      const auto& x = h_->entries_[static_cast<size_t>(e)];
+      if (x.tier_slot >= 0 && x.device_slot < 0 && h_->tier_evictable_[static_cast<size_t>(x.tier_slot)])
+        out.push_back(x.tier_slot);
+    }
+    return out;
+  }
+  const PolicyStats& stats() const override { return stats_; }
+  Status CheckConsistency() const override { return h_->CheckConsistency(); }
+  void SetNow(int64_t now_nanos) override {
+    now_ = now_nanos;
+    h_->p_->SetNow(now_nanos);
+  }
+  void SetAbove(int32_t, bool) override {}
+  bool above(int32_t) const override { return false; }
+
+ private:
+  std::shared_ptr<HierarchyPolicy> h_;
+  std::vector<uint32_t> hits_since_stored_;
+  LruList fallback_;  // the evictable slots, least recently stored or read first
+  int32_t num_evictable_ = 0;
+  int64_t now_ = 0;
+  PolicyStats stats_;
+};
+
+// ------------------------------------------------------------------- core
+
+Result<std::shared_ptr<HierarchyPolicy>> HierarchyPolicy::Create(std::string_view name, int32_t device_slots,
+                                                                 int32_t tier_slots) {
+  if (device_slots < 0 || tier_slots < 0)
+    return Status::InvalidArgument("hierarchy policy: negative slot counts");
+  // Room for every block of both tiers and as many in transit as the device
+  // holds (one round of evictions before the write-backs are submitted).
+  const int64_t cap = static_cast<int64_t>(device_slots) + tier_slots + 64;
+  if (cap > INT32_MAX) return Status::InvalidArgument("hierarchy policy: too many slots");
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, MakeEvictionPolicy(name, static_cast<int32_t>(cap)));
+  return std::shared_ptr<HierarchyPolicy>(new HierarchyPolicy(std::move(p), device_slots, tier_slots));
+}
+
+HierarchyPolicy::HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t device_slots, int32_t tier_slots)
+    : p_(std::move(p)),
+      device_entry_(static_cast<size_t>(device_slots), -1),
+      tier_entry_(static_cast<size_t>(tier_slots), -1),
+      tier_evictable_(static_cast<size_t>(tier_slots), false) {
+  const int32_t cap = device_slots + tier_slots + 64;
+  entries_.resize(static_cast<size_t>(cap));
+  for (int32_t e = cap - 1; e >= 0; --e) free_entries_.push_back(e);
+}
+
+std::unique_ptr<EvictionPolicy> HierarchyPolicy::DeviceView() {
+  assert(!device_view_made_);
+  device_view_made_ = true;
+  auto lru = std::move(MakeEvictionPolicy("lru", static_cast<int32_t>(device_entry_.size()))).value();
+  return std::make_unique<HierarchyDeviceView>(shared_from_this(), std::move(lru));
+}
+
+std::unique_ptr<EvictionPolicy> HierarchyPolicy::TierView() {
+  assert(!tier_view_made_);
+  tier_view_made_ = true;
+  return std::make_unique<HierarchyTierView>(shared_from_this(), static_cast<int32_t>(tier_entry_.size()));
+}
+
+int32_t HierarchyPolicy::NewEntry(uint64_t key) {
+  if (free_entries_.empty()) Settle([](uint64_t) { return false; });  // in transit too long: forgotten
+  assert(!free_entries_.empty());  // device + tier blocks fit without the ones in transit
+  const int32_t e = free_entries_.back();
+  free_entries_.pop_back();
+  entries_[static_cast<size_t>(e)] = Entry{.key = key, .used = true};
+  by_key_.emplace(key, e);  // a colliding key keeps the older entry; this one is found by slot only
+  return e;
+}
+
+void HierarchyPolicy::SetInTransit(int32_t e, bool in_transit) {
+  Entry& x = entries_[static_cast<size_t>(e)];
+  if (x.in_transit == in_transit) return;
+  x.in_transit = in_transit;
+  if (in_transit) {
+    ++num_in_transit_;
+    transit_.push_back(e);
+  } else {
+    --num_in_transit_;
+  }
+}
+
+void HierarchyPolicy::FreeEntry(int32_t e, bool evicted) {
+  SetInTransit(e, false);
+  Entry& x = entries_[static_cast<size_t>(e)];
+  p_->Erase(e, evicted);
+  if (auto it = by_key_.find(x.key); it != by_key_.end() && it->second == e) by_key_.erase(it);
+  x = Entry{};
+  free_entries_.push_back(e);
+}
+
+void HierarchyPolicy::SetPlace(int32_t e) {
+  if (e < 0) return;
+  const Entry& x = entries_[static_cast<size_t>(e)];
+  p_->SetAbove(e, x.device_slot >= 0 || x.tier_slot < 0);
+  if (x.device_slot < 0 && x.tier_slot >= 0) p_->SetEvictable(e, tier_evictable_[static_cast<size_t>(x.tier_slot)]);
+}
+
+BlockTraits HierarchyPolicy::Translate(const BlockTraits& traits, const std::vector<int32_t>& slot_entry) const {
+  BlockTraits t = traits;
+  t.parent = traits.parent >= 0 && static_cast<size_t>(traits.parent) < slot_entry.size()
+                 ? slot_entry[static_cast<size_t>(traits.parent)]
+                 : -1;
+  return t;
+}
+
+void HierarchyPolicy::DeviceNamed(int32_t device_slot, const BlockTraits& traits) {
+  int32_t e = -1;
+  if (auto it = by_key_.find(traits.key); it != by_key_.end() && entries_[static_cast<size_t>(it->second)].device_slot < 0)
+    e = it->second;
+  if (e >= 0) {  // loaded from the tier, or recomputed while in transit: a use
+    Entry& x = entries_[static_cast<size_t>(e)];
+    x.device_slot = device_slot;
+    SetInTransit(e, false);
+    p_->SetEvictable(e, false);  // referenced, as the device block is
+    p_->Access(e);
+    if (traits.keep_until_nanos > 0) p_->KeepUntil(e, traits.keep_until_nanos);
+  } else {
+    e = NewEntry(traits.key);
+    entries_[static_cast<size_t>(e)].device_slot = device_slot;
+    p_->Insert(e, Translate(traits, device_entry_), /*evictable=*/false);
+  }
+  p_->SetAbove(e, true);
+  device_entry_[static_cast<size_t>(device_slot)] = e;
+}
+
+void HierarchyPolicy::DeviceUsed(int32_t device_slot) {
+  const int32_t e = device_entry_[static_cast<size_t>(device_slot)];
+  if (e >= 0) p_->Access(e);
+}
+
+void HierarchyPolicy::DeviceLeft(int32_t device_slot, bool evicted) {
+  const int32_t e = device_entry_[static_cast<size_t>(device_slot)];
+  device_entry_[static_cast<size_t>(device_slot)] = -1;
+  if (e < 0) return;
+  Entry& x = entries_[static_cast<size_t>(e)];
+  x.device_slot = -1;
+  if (x.tier_slot >= 0) {
+    SetPlace(e);  // the tier's copy: a candidate now
+  } else if (evicted) {
+    SetInTransit(e, true);  // demoted: its write-back comes, or Settle forgets it
+    p_->SetEvictable(e, true);
+  } else {
+    FreeEntry(e, /*evicted=*/false);  // flushed
+  }
+}
+
+void HierarchyPolicy::TierStored(int32_t tier_slot, const BlockTraits& traits, bool evictable) {
+  const size_t u = static_cast<size_t>(tier_slot);
+  int32_t e = -1;
+  if (auto it = by_key_.find(traits.key); it != by_key_.end() && entries_[static_cast<size_t>(it->second)].tier_slot < 0)
+    e = it->second;
+  if (e < 0) {  // written down before the device named it (write-through of a tier above), or a collision
+    e = NewEntry(traits.key);
+    p_->Insert(e, Translate(traits, tier_entry_), /*evictable=*/false);
+  }
+  Entry& x = entries_[static_cast<size_t>(e)];
+  x.tier_slot = tier_slot;
+  SetInTransit(e, false);
+  tier_entry_[u] = e;
+  tier_evictable_[u] = evictable;
+  if (traits.keep_until_nanos > 0) p_->KeepUntil(e, traits.keep_until_nanos);
+  SetPlace(e);
+}
+
+void HierarchyPolicy::TierLeft(int32_t tier_slot, bool evicted) {
+  const size_t u = static_cast<size_t>(tier_slot);
+  const int32_t e = tier_entry_[u];
+  tier_entry_[u] = -1;
+  tier_evictable_[u] = false;
+  if (e < 0) return;
+  Entry& x = entries_[static_cast<size_t>(e)];
+  x.tier_slot = -1;
+  if (x.device_slot >= 0) return;  // promoted: the device holds it, with its history
+  FreeEntry(e, evicted);
+}
+
+void HierarchyPolicy::Settle(const std::function<bool(uint64_t key)>& write_pending) {
+  if (num_in_transit_ == 0) {
+    transit_.clear();
+    return;
+  }
+  std::vector<int32_t> list;
+  list.swap(transit_);
+  for (int32_t e : list) {
+    Entry& x = entries_[static_cast<size_t>(e)];
+    if (!x.used || !x.in_transit) continue;  // stored, named again, or freed since
+    if (write_pending(x.key)) {
+      x.in_transit = false;  // listed again below, once
+      --num_in_transit_;
+      SetInTransit(e, true);
+    } else {
+      FreeEntry(e, /*evicted=*/true);
+    }
+  }
+}
+
+Status HierarchyPolicy::CheckConsistency() const {
+  auto bad = [](const std::string& m) { return Status::Internal("hierarchy policy: " + m); };
+  for (size_t d = 0; d < device_entry_.size(); ++d) {
+    const int32_t e = device_entry_[d];
+    if (e >= 0 && entries_[static_cast<size_t>(e)].device_slot != static_cast<int32_t>(d))
+      return bad("device slot " + std::to_string(d) + " and its entry disagree");
+  }
+  for (size_t t = 0; t < tier_entry_.size(); ++t) {
+    const int32_t e = tier_entry_[t];
+    if (e >= 0 && entries_[static_cast<size_t>(e)].tier_slot != static_cast<int32_t>(t))
+      return bad("tier slot " + std::to_string(t) + " and its entry disagree");
+  }
+  size_t used = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& x = entries_[i];
+    const int32_t e = static_cast<int32_t>(i);
+    if (x.used != p_->held(e)) return bad("entry " + std::to_string(i) + ": P disagrees on whether it is held");
+    if (!x.used) continue;
+    ++used;
+    if (x.device_slot < 0 && x.tier_slot < 0 && !x.in_transit) return bad("entry " + std::to_string(i) + " is nowhere");
+    const bool candidate = x.device_slot < 0 && x.tier_slot >= 0;
+    if (p_->above(e) == candidate) return bad("entry " + std::to_string(i) + " has the wrong place in P");
+    if (candidate && p_->evictable(e) != tier_evictable_[static_cast<size_t>(x.tier_slot)])
+      return bad("entry " + std::to_string(i) + ": P and the tier disagree on whether it is evictable");
+  }
+  if (used + free_entries_.size() != entries_.size()) return bad("entries lost");
+  size_t transit = 0;
+  for (const Entry& x : entries_) transit += x.used && x.in_transit;
+  if (transit != num_in_transit_) return bad("the count of blocks in transit is wrong");
+  return p_->CheckConsistency();
+}
+
+}  // namespace strata::kvcache

@@ -1,0 +1,244 @@
+// One eviction policy over the device pool and the host tier below it
+// (kvcache/hierarchy_policy.h): a block keeps its place in the policy when
+// it moves between the tiers, the tier evicts only blocks the device does
+// not hold, and through the KvManager a policy's scan resistance survives
+// the move down (which per-tier policies lost).
+
+#include "kvcache/hierarchy_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "kvcache/host_store.h"
+#include "kvcache/kv_manager.h"
+
+namespace strata::kvcache {
+namespace {
+
+BlockTraits Key(uint64_t key) {
+  BlockTraits t;
+  t.key = key;
+  return t;
+}
+
+void ExpectConsistent(const HierarchyPolicy& h) {
+  const Status s = h.CheckConsistency();
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST(HierarchyPolicyTest, ABlockKeepsItsEntryDownAndUp) {
+  auto h = std::move(HierarchyPolicy::Create("lru", 2, 3)).value();
+  auto device = h->DeviceView();
+  auto tier = h->TierView();
+  // Named on the device, used, released.
+  device->Insert(0, Key(11), /*evictable=*/false);
+  device->Access(0);
+  device->SetEvictable(0, true);
+  ExpectConsistent(*h);
+  EXPECT_EQ(h->policy().stats().inserted, 1u);
+  EXPECT_EQ(tier->Victim(), -1) << "a block the device holds is never the tier's victim";
+
+  // Demoted: in transit until the tier stores it, then the same entry.
+  device->Erase(0, /*evicted=*/true);
+  EXPECT_EQ(h->in_transit(), 1u);
+  ExpectConsistent(*h);
+  tier->Insert(2, Key(11), /*evictable=*/true);
+  EXPECT_EQ(h->in_transit(), 0u);
+  EXPECT_EQ(h->policy().stats().inserted, 1u) << "the demoted block kept its entry";
+  EXPECT_EQ(h->policy().stats().hits, 1u) << "and its use on the device";
+  EXPECT_EQ(tier->Victim(), 2);
+  ExpectConsistent(*h);
+
+  // Promoted: the device names it (a use), then the tier drops its copy.
+  device->Insert(1, Key(11), false);
+  EXPECT_EQ(h->policy().stats().hits, 2u);
+  EXPECT_EQ(tier->Victim(), 2) << "every block of the tier is on the device too: a copy goes first";
+  tier->Insert(0, Key(13), true);
+  EXPECT_EQ(tier->Victim(), 0) << "a block only the tier holds goes before any copy";
+  tier->Erase(0, /*evicted=*/true);
+  tier->Erase(2, /*evicted=*/false);
+  EXPECT_EQ(h->policy().stats().removed, 0u) << "the entry stays: the device holds the block";
+  EXPECT_EQ(h->policy().stats().evicted, 1u);  // 13
+  ExpectConsistent(*h);
+
+  // Demoted again, but no write comes: Settle forgets it as an eviction.
+  device->SetEvictable(1, true);
+  device->Erase(1, /*evicted=*/true);
+  h->Settle([](uint64_t key) { return key == 11; });
+  EXPECT_EQ(h->in_transit(), 1u) << "its write is still pending";
+  h->Settle([](uint64_t) { return false; });
+  EXPECT_EQ(h->in_transit(), 0u);
+  EXPECT_EQ(h->policy().stats().evicted, 2u);
+  EXPECT_EQ(h->policy().stats().inserted, 2u);
+  ExpectConsistent(*h);
+
+  // A flush on the device drops a block only it holds.
+  device->Insert(0, Key(12), false);
+  device->SetEvictable(0, true);
+  device->Erase(0, /*evicted=*/false);
+  EXPECT_EQ(h->policy().stats().removed, 1u);
+  EXPECT_EQ(h->policy().num_evictable(), 0);
+  ExpectConsistent(*h);
+}
+
+TEST(HierarchyPolicyTest, TheTierSkipsBlocksTheDeviceHoldsInPlace) {
+  // s3fifo: the oldest block of the small FIFO is on the device; the tier's
+  // victim is the next one, and the device's block keeps its place.
+  auto h = std::move(HierarchyPolicy::Create("s3fifo", 4, 8)).value();
+  auto device = h->DeviceView();
+  auto tier = h->TierView();
+  device->Insert(0, Key(1), false);
+  device->SetEvictable(0, true);
+  for (int32_t k = 0; k < 3; ++k) tier->Insert(k, Key(static_cast<uint64_t>(10 + k)), true);
+  EXPECT_EQ(tier->Victim(), 0);
+  EXPECT_EQ(tier->Order(), (std::vector<int32_t>{0, 1, 2}));
+  tier->Erase(0, /*evicted=*/true);
+  device->Erase(0, /*evicted=*/true);
+  tier->Insert(0, Key(1), true);  // the device's block arrives: still ahead of the others
+  EXPECT_EQ(tier->Victim(), 0);
+  ExpectConsistent(*h);
+  // Pinned in the tier (a peer reads it): not a victim.
+  tier->SetEvictable(0, false);
+  EXPECT_EQ(tier->Victim(), 1);
+  EXPECT_EQ(tier->num_evictable(), 2);
+  ExpectConsistent(*h);
+}
+
+constexpr int kBs = 4;
+constexpr uint64_t kBlockBytes = 64;
+
+std::vector<int32_t> Seq(int n, int first) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
+  return t;
+}
+
+struct Stack {
+  ManualClock clock;
+  std::vector<uint8_t> device;
+  std::unique_ptr<HostStore> host;
+  std::unique_ptr<KvManager> mgr;
+};
+
+std::unique_ptr<Stack> MakeStack(const std::string& policy, int32_t device_blocks, int32_t host_blocks,
+                                 WritePolicy write) {
+  auto s = std::make_unique<Stack>();
+  s->device.assign(static_cast<size_t>(device_blocks) * kBlockBytes, 0);
+  HostStoreOptions ho;
+  ho.capacity_bytes = static_cast<uint64_t>(host_blocks) * kBlockBytes;
+  ho.block_bytes = kBlockBytes;
+  ho.pin = false;
+  ho.eviction_policy = policy;
+  s->host = std::move(HostStore::Create(ho)).value();
+  KvManagerOptions o;
+  o.block_size = kBs;
+  o.num_device_blocks = device_blocks;
+  o.block_bytes = kBlockBytes;
+  o.ns = NamespaceDigest("hierarchy-test", "llama", "f16", kBs);
+  o.load_policy = LoadPolicy::kAlways;
+  o.eviction_policy = policy;
+  uint8_t* base = s->device.data();
+  auto mem = [base](BlockId id) { return base + id.value() * kBlockBytes; };
+  std::vector<LowerTier> tiers = {{s->host.get(), write, 0, 0}};
+  s->mgr = std::move(KvManager::Create(o, mem, std::move(tiers), &s->clock)).value();
+  return s;
+}
+
+int32_t RunOnce(KvManager& m, uint64_t id, const std::vector<int32_t>& prompt) {
+  EXPECT_TRUE(m.AddRequest(RequestId(id), prompt, {}).ok());
+  auto a = m.Allocate(RequestId(id), static_cast<int32_t>(prompt.size()));
+  EXPECT_TRUE(a.ok() && *a == AllocOutcome::kAllocated);
+  for (int i = 0; i < 100 && !m.IsReady(RequestId(id)); ++i) m.Poll();
+  EXPECT_TRUE(m.IsReady(RequestId(id)));
+  const int32_t cached = m.CachedTokens(RequestId(id));
+  EXPECT_TRUE(m.Commit(RequestId(id), prompt).ok());
+  m.Poll();
+  m.Free(RequestId(id));
+  m.Poll();
+  return cached;
+}
+
+// A prompt used three times, then a scan of one-use prompts larger than the
+// whole hierarchy, then the prompt again. S3-FIFO keeps the reused blocks
+// (they were hit, so they leave its small FIFO for the main one) although
+// they went down to the host tier in between; LRU loses them to the scan.
+// Per-tier policies lost them too: the host tier saw each demoted block as
+// new.
+TEST(HierarchyPolicyTest, ScanResistanceCarriesIntoTheHost) {
+  for (const std::string policy : {"s3fifo", "lru"}) {
+    SCOPED_TRACE(policy);
+    auto s = MakeStack(policy, /*device_blocks=*/4, /*host_blocks=*/12, WritePolicy::kExclusive);
+    const auto hot = Seq(9, 1);  // 2 full blocks and a partial one
+    EXPECT_EQ(RunOnce(*s->mgr, 1, hot), 0);
+    EXPECT_EQ(RunOnce(*s->mgr, 2, hot), 8);
+    EXPECT_EQ(RunOnce(*s->mgr, 3, hot), 8);
+    for (uint64_t k = 0; k < 10; ++k) RunOnce(*s->mgr, 10 + k, Seq(9, 1000 + 100 * static_cast<int>(k)));
+    EXPECT_EQ(s->mgr->Match(hot, {}).device_tokens, 0) << "the scan went through the device";
+    EXPECT_EQ(RunOnce(*s->mgr, 4, hot), policy == "s3fifo" ? 8 : 0);
+    const Status c = s->mgr->device_pool().CheckConsistency();
+    EXPECT_TRUE(c.ok()) << c.message();
+  }
+}
+
+// Random prompts over shared heads, for every policy and write policy: the
+// pool, the tier and the shared policy stay consistent after every request,
+// the tier never holds more than its slots, nothing stays in transit, and
+// loaded blocks are the ones computed (the bytes are checked).
+TEST(HierarchyPolicyTest, RandomizedInvariants) {
+  for (const std::string& policy : EvictionPolicyNames()) {
+    for (WritePolicy write : {WritePolicy::kExclusive, WritePolicy::kWriteThrough, WritePolicy::kWriteBack}) {
+      SCOPED_TRACE(policy + " write policy " + std::to_string(static_cast<int>(write)));
+      auto s = MakeStack(policy, 6, 10, write);
+      uint64_t rng = 99;
+      auto next = [&rng](uint64_t n) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        return (rng >> 33) % n;
+      };
+      int64_t served = 0;
+      for (uint64_t id = 1; id <= 400; ++id) {
+        const int head = static_cast<int>(next(5));
+        std::vector<int32_t> prompt = Seq(4 * (1 + head % 3), 1000 * head + 1);
+        const int tail = static_cast<int>(next(3));
+        for (int b = 0; b < tail; ++b) {
+          const int32_t sym = static_cast<int32_t>(next(4));
+          for (int k = 0; k < kBs; ++k) prompt.push_back(100000 + 10 * sym + k);
+        }
+        prompt.push_back(7);
+        KvManager& m = *s->mgr;
+        EXPECT_TRUE(m.AddRequest(RequestId(id), prompt, {}).ok());
+        auto a = m.Allocate(RequestId(id), static_cast<int32_t>(prompt.size()));
+        ASSERT_TRUE(a.ok() && *a == AllocOutcome::kAllocated);
+        for (int i = 0; i < 100 && !m.IsReady(RequestId(id)); ++i) m.Poll();
+        ASSERT_TRUE(m.IsReady(RequestId(id)));
+        const int32_t cached = m.CachedTokens(RequestId(id));
+        served += cached;
+        // Block contents are a function of the chain position's tokens: a
+        // loaded block must carry what was computed for it.
+        auto table = m.BlockTable(RequestId(id));
+        for (size_t b = 0; b < table.size(); ++b) {
+          uint8_t* p = s->device.data() + static_cast<size_t>(table[b]) * kBlockBytes;
+          const uint8_t want = static_cast<uint8_t>(prompt[std::min(prompt.size() - 1, b * kBs)] * 13 + b);
+          if (b < static_cast<size_t>(cached / kBs)) {
+            ASSERT_EQ(p[0], want) << "request " << id << " block " << b;
+          } else {
+            p[0] = want;
+          }
+        }
+        EXPECT_TRUE(m.Commit(RequestId(id), prompt).ok());
+        m.Poll();
+        m.Free(RequestId(id));
+        m.Poll();
+        const Status c = m.device_pool().CheckConsistency();
+        ASSERT_TRUE(c.ok()) << "request " << id << ": " << c.message();
+        ASSERT_TRUE(s->host->policy().CheckConsistency().ok());
+        ASSERT_LE(s->host->stats().blocks, 10u);
+      }
+      EXPECT_GT(served, 0);
+      EXPECT_EQ(s->mgr->device_pool().stats().in_use, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::kvcache
