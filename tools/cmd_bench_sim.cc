@@ -361,7 +361,8 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
                   "override the eviction policy of the device pool and the lower tiers (instance.eviction_policy)")
       ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
   sim->add_option("--host-eviction-policy", f->host_eviction_policy,
-                  "override the host tier's eviction policy (instance.host_eviction_policy; default: the device's)")
+                  "override the host tier's eviction policy (instance.host_eviction_policy; default: the device's); "
+                  "the device and the host tier then share one policy of this name")
       ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
   sim->add_option("--remote", f->remote,
                   "override the cluster pool: true = each instance also reads the others' host and disk tiers "

@@ -48,8 +48,8 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-disk-write-policy", CLI::callback_t{},
                   "write-through: copy full blocks to disk when committed; write-back: when evicted from device");
   cmd->add_option("--kv-eviction-policy", CLI::callback_t{},
-                  "which cached block the device pool and the host tiers give up first: lru (default), leaf_lru, "
-                  "s3fifo, freq, learned");
+                  "which cached block the device pool and the lower tiers give up first: s3fifo (default), lru, "
+                  "leaf_lru, freq, learned (the device and the host tier share one)");
   cmd->add_option("--kv-prefetch-max-requests", CLI::callback_t{},
                   "waiting requests that may load cached prefixes before admission (0 = off; default 4)");
   cmd->add_option("--kv-lookup-timeout-ms", CLI::callback_t{},
