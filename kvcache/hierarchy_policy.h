@@ -1,7 +1,8 @@
 #pragma once
-// One eviction policy over the device pool and an exclusive tier below it
-// (issue 22): the two tiers rank their blocks as one flat cache would, so a
-// policy's gains over LRU (s3fifo, freq, learned) carry into the hierarchy.
+// One eviction policy over the device pool and the host tier below it
+// (issue 22; any write policy: exclusive, write-back, write-through): the
+// two tiers rank their blocks as one flat cache would, so a policy's gains
+// over LRU (s3fifo, freq, learned) carry into the hierarchy.
 //
 // With per-tier policies a block demoted from the device arrives at the host
 // tier as new: its uses on the device, and its place in the policy (S3-FIFO's
@@ -17,9 +18,12 @@
 //     becomes a candidate), and when it is promoted back to the device;
 //   - the tier evicts P's victim among the blocks only it holds: the one
 //     block that leaves the hierarchy.
-// With `lru` this is the same cache as before (the device demotes in
-// last-use order, which is P's order); with the others it is the flat
-// policy of the total size, less what the device pins.
+// With `lru` in an exclusive hierarchy this is the same cache as before
+// (the device demotes in last-use order, which is P's order); with the
+// others it is the flat policy of the total size, less what the device
+// pins. Under write-through a tier may hold copies of device blocks: it
+// evicts those (least recently stored or read first, kept ones last) only
+// when it holds nothing else.
 //
 // A block the device evicts and the tier has not stored yet (its write-back
 // is queued, deferred or dropped) is in transit: held above, neither tier's.

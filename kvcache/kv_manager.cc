@@ -30,10 +30,10 @@ Status CheckOptions(const KvManagerOptions& options, const Clock* clock) {
   return Status::Ok();
 }
 
-// The device pool's policy. When the first lower tier is exclusive and can
-// take a policy from outside (host, simulated host), the two tiers share one
-// (kvcache/hierarchy_policy.h), under the tier's policy name (which
-// kv.eviction_policy defaults); else the pool has its own.
+// The device pool's policy. When the first lower tier can take a policy
+// from outside (a host tier or the simulator's, whatever its write policy),
+// the two share one (kvcache/hierarchy_policy.h) under the tier's policy
+// name (which kv.eviction_policy defaults); else the pool has its own.
 Result<std::unique_ptr<EvictionPolicy>> DevicePolicy(const KvManagerOptions& options,
                                                      const std::vector<LowerTier>& lowers,
                                                      std::shared_ptr<HierarchyPolicy>* hierarchy) {
