@@ -173,22 +173,24 @@ Result<std::shared_ptr<HierarchyPolicy>> HierarchyPolicy::Create(std::string_vie
                                                                  int32_t tier_slots) {
   if (device_slots < 0 || tier_slots < 0)
     return Status::InvalidArgument("hierarchy policy: negative slot counts");
-  // Room for every block of both tiers and as many in transit as the device
-  // holds (one round of evictions before the write-backs are submitted).
+  // P's size is the two tiers' (its ghost lists and histories scale with
+  // it, as a flat cache's would), plus a little room for blocks in transit;
+  // when more are in transit, NewEntry forgets them (their history only).
   const int64_t cap = static_cast<int64_t>(device_slots) + tier_slots + 64;
   if (cap > INT32_MAX) return Status::InvalidArgument("hierarchy policy: too many slots");
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, MakeEvictionPolicy(name, static_cast<int32_t>(cap)));
-  return std::shared_ptr<HierarchyPolicy>(new HierarchyPolicy(std::move(p), device_slots, tier_slots));
+  return std::shared_ptr<HierarchyPolicy>(
+      new HierarchyPolicy(std::move(p), static_cast<int32_t>(cap), device_slots, tier_slots));
 }
 
-HierarchyPolicy::HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t device_slots, int32_t tier_slots)
+HierarchyPolicy::HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t entries, int32_t device_slots,
+                                 int32_t tier_slots)
     : p_(std::move(p)),
       device_entry_(static_cast<size_t>(device_slots), -1),
       tier_entry_(static_cast<size_t>(tier_slots), -1),
       tier_evictable_(static_cast<size_t>(tier_slots), false) {
-  const int32_t cap = device_slots + tier_slots + 64;
-  entries_.resize(static_cast<size_t>(cap));
-  for (int32_t e = cap - 1; e >= 0; --e) free_entries_.push_back(e);
+  entries_.resize(static_cast<size_t>(entries));
+  for (int32_t e = entries - 1; e >= 0; --e) free_entries_.push_back(e);
 }
 
 std::unique_ptr<EvictionPolicy> HierarchyPolicy::DeviceView() {

@@ -7,7 +7,7 @@
 // With per-tier policies a block demoted from the device arrives at the host
 // tier as new: its uses on the device, and its place in the policy (S3-FIFO's
 // small or main queue, GreedyDual's priority), are lost. Here one policy P,
-// of capacity device + tier slots (and room for blocks in transit), ranks
+// of capacity device + tier slots (and a little room for blocks in transit), ranks
 // every block the two tiers hold:
 //   - a block the device names enters P, "held above" (SetAbove): ranked,
 //     its uses counted, never P's victim;
@@ -76,7 +76,8 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
  private:
   friend class HierarchyDeviceView;
   friend class HierarchyTierView;
-  HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t device_slots, int32_t tier_slots);
+  // `entries`: P's capacity (Create says why it is what it is).
+  HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t entries, int32_t device_slots, int32_t tier_slots);
 
   struct Entry {
     uint64_t key = 0;
