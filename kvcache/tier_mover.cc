@@ -11,6 +11,33 @@ namespace strata::kvcache {
 namespace {
 // Tiers that receive blocks when the level above evicts them.
 bool IsWriteBack(WritePolicy p) { return p == WritePolicy::kWriteBack || p == WritePolicy::kExclusive; }
+
+// The one tier at or below `first` that a block the level above drops goes
+// down to (-1: none). The walk ends at the first tier that holds `h` or is
+// writing it (that tier's own eviction passes it on later), else at the
+// first write-back tier that `admits` it; write-through tiers that lost
+// their copy, write-back tiers not admitting it yet and tiers this
+// instance never writes (the remote pool) are passed. So write-back tiers
+// form a chain, each taking what the level above drops, and an exclusive
+// chain holds every block once.
+// Loads from exclusive tiers submitted and not yet ended, over all tiers.
+uint64_t PromotionsInFlight(const std::vector<uint32_t>& per_tier) {
+  uint64_t n = 0;
+  for (uint32_t p : per_tier) n += p;
+  return n;
+}
+
+template <typename Admits>
+int NearestWriteBackTier(const std::vector<LowerTier>& lowers,
+                         const std::vector<std::unordered_set<BlockHash, BlockHashHasher>>& in_flight, size_t first,
+                         const BlockHash& h, Admits admits) {
+  for (size_t t = first; t < lowers.size(); ++t) {
+    if (lowers[t].write_policy == WritePolicy::kNone) continue;
+    if (in_flight[t].contains(h) || lowers[t].store->Contains(h)) return -1;
+    if (admits(t)) return static_cast<int>(t);
+  }
+  return -1;
+}
 }  // namespace
 
 namespace {
@@ -543,17 +570,17 @@ void TierMover::WriteBackEvicted(std::span<const int> loads_from) {
   std::vector<Evicted> evicted;
   evicted.swap(evicted_);
   for (const auto& [block, h, keep] : evicted) {
+    const int t = NearestWriteBackTier(lowers_, writes_in_flight_, 0, h,
+                                       [&](size_t i) { return AdmitsWriteBack(i, h); });
+    if (t < 0) continue;
     int32_t staging = -1;
-    for (size_t t = 0; t < lowers_.size(); ++t) {
-      if (!AdmitsWriteBack(t, h)) continue;
-      Region data;
-      if (IsValid(device_segment_)) {
-        if (!StageOnce(t, &staging, BlockRegion(block), /*may_poll=*/true)) continue;
-        data = staging_->region(staging);
-      }
-      SubmitWriteBack(t, h, data, staging, keep);
+    Region data;
+    if (IsValid(device_segment_)) {
+      if (!StageOnce(static_cast<size_t>(t), &staging, BlockRegion(block), /*may_poll=*/true)) continue;
+      data = staging_->region(staging);
     }
-    staging_->PutBack(staging);  // taken, but every submission failed
+    SubmitWriteBack(static_cast<size_t>(t), h, data, staging, keep);
+    staging_->PutBack(staging);  // taken, but the submission failed
   }
   SettleHierarchy();
 }
@@ -567,7 +594,10 @@ void TierMover::SettleHierarchy() {
 
 void TierMover::SubmitWriteBack(size_t t, const BlockHash& h, const Region& data, int32_t staging,
                                 int64_t keep_until) {
-  if (lowers_[t].write_policy == WritePolicy::kExclusive && promotions_[t] > 0 && !draining_) {
+  // Any tier's: a request loading from two exclusive tiers (host and disk)
+  // names its blocks, and so drops them from their tiers, only when its last
+  // load is done; the host must not evict its promoted blocks before.
+  if (lowers_[t].write_policy == WritePolicy::kExclusive && PromotionsInFlight(promotions_) > 0 && !draining_) {
     if (staging >= 0) staging_->Ref(staging);
     writes_in_flight_[t].insert(h);  // as a submitted write: not written twice, not admitted again
     deferred_.push_back(Deferred{t, h, data, staging, keep_until});
@@ -633,19 +663,19 @@ void TierMover::SubmitWriteBackNow(size_t t, const BlockHash& h, const Region& d
 }
 
 void TierMover::OnLowerEvicted(size_t from, const BlockHash& h, const Region& data) {
+  const int t = NearestWriteBackTier(lowers_, writes_in_flight_, from + 1, h,
+                                     [&](size_t i) { return AdmitsWriteBack(i, h); });
+  if (t < 0) return;
   int32_t staging = -1;
   // `data` is a region of the evicting store's own memory (Region{} when it
   // holds no bytes).
-  for (size_t t = from + 1; t < lowers_.size(); ++t) {
-    if (!AdmitsWriteBack(t, h)) continue;
-    Region src;
-    if (data.length != 0) {
-      // Called from inside the evicting store: no polling here.
-      if (!StageOnce(t, &staging, data, /*may_poll=*/false)) continue;
-      src = staging_->region(staging);
-    }
-    SubmitWriteBack(t, h, src, staging, /*keep_until=*/0);
+  Region src;
+  if (data.length != 0) {
+    // Called from inside the evicting store: no polling here.
+    if (!StageOnce(static_cast<size_t>(t), &staging, data, /*may_poll=*/false)) return;
+    src = staging_->region(staging);
   }
+  SubmitWriteBack(static_cast<size_t>(t), h, src, staging, /*keep_until=*/0);
   staging_->PutBack(staging);
 }
 
@@ -721,7 +751,8 @@ void TierMover::FinishLoad(const Op& op, const Status& status) {
 }
 
 void TierMover::EndPromotion(size_t t) {
-  if (promotions_[t] > 0 && --promotions_[t] == 0) FlushDeferred(t, deferred_.size());
+  if (promotions_[t] == 0 || --promotions_[t] > 0 || PromotionsInFlight(promotions_) > 0) return;
+  for (size_t i = 0; i < lowers_.size(); ++i) FlushDeferred(i, deferred_.size());
 }
 
 size_t TierMover::Poll() {

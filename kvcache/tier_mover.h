@@ -14,9 +14,12 @@
 //              completion reaches the owner's LoadDoneFn from Poll().
 //   writes     write-through: a newly committed block (OnCommitted), or once
 //              hit admit_after times, or promoted above the tier it loaded
-//              from (OnHit). write-back: a block the device pool evicts, or
-//              a tier above evicts (its eviction listener), unless the tier
-//              holds it or a write of it is in flight.
+//              from (OnHit). write-back: a block the level just above
+//              drops (the device pool's evictions; a tier's, through its
+//              eviction listener) goes to one tier only, the nearest
+//              write-back tier that admits it, unless a tier on the way
+//              holds it or is writing it. So an exclusive host above an
+//              exclusive disk holds no block the disk holds.
 //   staging    an evicted device block is handed out again at once, while a
 //              store may read its source until completion (O_DIRECT); so the
 //              mover copies it (copy engine, waiting on the fence) into one
@@ -235,11 +238,13 @@ class TierMover {
   void OnLowerEvicted(size_t from, const BlockHash& h, const Region& data);
   // Drops `h` from exclusive tier `source` after a load promoted it.
   void Promoted(int source, const BlockHash& h);
-  // Writes back `h` to tier t; to an exclusive tier with promotions (loads
-  // that will drop their block from it) in flight, it waits for them first
-  // (deferred_), so that the tier does not evict the oldest blocks it holds
-  // to make room while the promoted blocks are still in it: the two tiers
-  // then act as one LRU of their total size.
+  // Writes back `h` to tier t; to an exclusive tier while promotions (loads
+  // that will drop their block from an exclusive tier, any of them) are in
+  // flight, it waits for them first (deferred_), so that the tier does not
+  // evict the oldest blocks it holds to make room while the promoted blocks
+  // are still in it: the tiers then act as one LRU of their total size. Any
+  // tier's, because a request's loaded blocks leave their tiers only when
+  // its last load is done.
   // (`data`: a staging copy of the block, or Region{} for metadata only:
   // a write-back never holds the device block.)
   void SubmitWriteBack(size_t t, const BlockHash& h, const Region& data, int32_t staging, int64_t keep_until);

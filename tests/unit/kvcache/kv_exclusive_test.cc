@@ -107,29 +107,34 @@ TEST_F(KvExclusiveTest, BlocksMoveDownOnEvictionAndUpOnHit) {
 
 // Serial requests over shared prefixes: a device pool of D blocks above an
 // exclusive host tier of H serves, request by request, exactly what one
-// device pool of D + H serves (LRU both). Write-backs into a full host tier
-// wait for the promotions out of it, or the tier would evict its oldest
-// blocks while the promoted ones still sit in it.
+// device pool of D + H serves (LRU both); so does the device above two
+// exclusive tiers splitting H (a host and a disk), the second taking what
+// the first drops. Write-backs into a full tier wait for the promotions out
+// of the tiers, or it would evict its oldest blocks while the promoted ones
+// still sit in it (with two tiers: until a request's last load, from either,
+// is done, since its blocks leave their tiers only then).
 TEST(KvExclusiveHierarchy, ServesAsOneFlatPoolOfTheTotalSize) {
   constexpr int32_t kDevice = 12, kHost = 36;
   struct Stack {
     std::vector<uint8_t> device;
-    std::unique_ptr<HostStore> host;
+    std::unique_ptr<HostStore> host, below;
     std::unique_ptr<KvManager> mgr;
   };
   ManualClock clock;
-  auto make = [&clock](int32_t device_blocks, int32_t host_blocks, uint64_t staging_blocks = 64) {
+  auto make = [&clock](int32_t device_blocks, int32_t host_blocks, uint64_t staging_blocks = 64,
+                       int32_t below_blocks = 0) {
     Stack s;
     s.device.assign(static_cast<size_t>(device_blocks) * kBlockBytes, 0);
     std::vector<LowerTier> tiers;
-    if (host_blocks > 0) {
+    for (auto [blocks, store] : {std::pair{host_blocks, &s.host}, std::pair{below_blocks, &s.below}}) {
+      if (blocks == 0) continue;
       HostStoreOptions ho;
-      ho.capacity_bytes = static_cast<uint64_t>(host_blocks) * kBlockBytes;
+      ho.capacity_bytes = static_cast<uint64_t>(blocks) * kBlockBytes;
       ho.block_bytes = kBlockBytes;
       ho.pin = false;
       ho.eviction_policy = "lru";
-      s.host = std::move(HostStore::Create(ho)).value();
-      tiers.push_back({s.host.get(), WritePolicy::kExclusive, 0, 0});
+      *store = std::move(HostStore::Create(ho)).value();
+      tiers.push_back({store->get(), WritePolicy::kExclusive, 0, 0});
     }
     KvManagerOptions o;
     o.block_size = kBs;
@@ -146,8 +151,10 @@ TEST(KvExclusiveHierarchy, ServesAsOneFlatPoolOfTheTotalSize) {
   };
   // `few`: as `tiered` with 2 staging buffers: deferred write-backs cannot
   // all wait; they are written early (the tier evicts) rather than dropped.
+  // `chain`: the host's share split into two exclusive tiers, the second
+  // taking what the first drops (the device + host + disk shape).
   Stack tiered = make(kDevice, kHost), flat = make(kDevice + kHost, 0),
-        few = make(kDevice, kHost, 2);
+        few = make(kDevice, kHost, 2), chain = make(kDevice, kHost / 3, 64, kHost - kHost / 3);
   auto run = [](KvManager& m, uint64_t id, const std::vector<int32_t>& prompt) {
     EXPECT_TRUE(m.AddRequest(RequestId(id), prompt, {}).ok());
     auto a = m.Allocate(RequestId(id), static_cast<int32_t>(prompt.size()));
@@ -187,16 +194,19 @@ TEST(KvExclusiveHierarchy, ServesAsOneFlatPoolOfTheTotalSize) {
     }
     prompt.push_back(7);  // a partial block: every block above is cacheable
     const int32_t a = run(*tiered.mgr, id, prompt), b = run(*flat.mgr, id, prompt);
+    const int32_t c = run(*chain.mgr, id, prompt);
     few_served += run(*few.mgr, id, prompt);
     served += b;
-    if (a != b) {
+    if (a != b || c != b) {
       ++differ;
-      ADD_FAILURE() << "request " << id << ": tiered served " << a << " tokens, flat " << b;
+      ADD_FAILURE() << "request " << id << ": tiered served " << a << " tokens, chained " << c << ", flat " << b;
       if (differ > 5) break;
     }
   }
   EXPECT_GT(served, 0);
   EXPECT_GT(tiered.mgr->stats().tiers[0].promoted, 0u) << "the host tier was used";
+  EXPECT_GT(chain.mgr->stats().tiers[1].promoted, 0u) << "the tier below the host was used";
+  EXPECT_TRUE(chain.mgr->device_pool().CheckConsistency().ok());
   EXPECT_TRUE(tiered.mgr->device_pool().CheckConsistency().ok());
   EXPECT_EQ(tiered.mgr->stats().tiers[0].writebacks_dropped, 0u);
   EXPECT_GT(tiered.mgr->stats().tiers[0].writebacks_deferred, 0u);

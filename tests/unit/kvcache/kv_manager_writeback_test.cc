@@ -3,8 +3,8 @@
 // staging buffer, to a real HostStore and to a real DiskStore (O_DIRECT,
 // io_uring) in a temp dir, and reloads bitwise identical although the device
 // block was overwritten at once. A block the tier holds is not rewritten; the
-// staging bound drops (and counts) write-backs; write-through tiers in the
-// same chain behave as before.
+// staging bound drops (and counts) write-backs; a block goes down to one
+// tier only, the nearest that should take it (write-back tiers form a chain).
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -269,7 +270,10 @@ TEST(KvManagerWriteBackTest, StagingBoundDropsAndCountsInsteadOfBlocking) {
   EXPECT_EQ(s.tiers[0].bytes_down, 4 * kBlockBytes);
 }
 
-TEST(KvManagerWriteBackTest, WriteThroughTierAboveAWriteBackDiskIsUnchanged) {
+// A device eviction goes down to the nearest tier that should take it: the
+// write-through host already holds the blocks, so the write-back disk gets
+// nothing until the host drops them (next test).
+TEST(KvManagerWriteBackTest, ADeviceEvictionTheHostHoldsIsNotWrittenToTheDisk) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   auto host = Host();
@@ -283,35 +287,41 @@ TEST(KvManagerWriteBackTest, WriteThroughTierAboveAWriteBackDiskIsUnchanged) {
   EXPECT_EQ(s.tiers[0].writes, 3u);
   EXPECT_EQ(s.tiers[1].writes, 0u);
   rig.EvictDevice();
-  rig.AwaitBytesDown(1, 3);
+  rig.mgr->Poll();
   s = rig.mgr->stats();
   EXPECT_EQ(s.tiers[0].writebacks, 0u);
   EXPECT_EQ(s.tiers[0].writes, 3u);
-  EXPECT_EQ(s.tiers[1].writebacks, 3u);
-  EXPECT_EQ(disk->stats().blocks, 3u);
-  // Loads come from the upper tier, as before.
+  EXPECT_EQ(s.tiers[1].writebacks, 0u) << "the host holds them: the disk would hold copies";
+  EXPECT_EQ(disk->stats().blocks, 0u);
   EXPECT_EQ(rig.Run(2, p, 2), (std::vector<int>{1, 1, 1}));
-  // Host gone: the disk copy (written back from staging) serves the prefix.
-  ASSERT_TRUE(rig.mgr->Flush(true, {true, false}).ok());
-  EXPECT_EQ(rig.Run(3, p, 3), (std::vector<int>{2, 2, 2}));
 }
 
-TEST(KvManagerWriteBackTest, HostAndDiskBothWriteBackReceiveEachEviction) {
+// Two write-back tiers form a chain: the device's evictions go to the host
+// only, the host's evictions to the disk, so no block is held twice and
+// every block is still served, bitwise as computed.
+TEST(KvManagerWriteBackTest, WriteBackTiersFormAChainEachTakingWhatTheLevelAboveDrops) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
-  auto host = Host();
+  auto host = Host(2);
   auto disk = Disk(dir.path());
   ASSERT_NE(disk, nullptr);
   Rig rig({{host.get(), WritePolicy::kWriteBack, 0, 0}, {disk.get(), WritePolicy::kWriteBack, 0, 0}});
   const auto p = Seq(13, 50);
   rig.Run(1, p, 1);
+  EXPECT_EQ(rig.mgr->stats().tiers[0].writes, 0u) << "write-back: nothing at commit";
   rig.EvictDevice();
-  rig.AwaitBytesDown(1, 3);
+  rig.AwaitBytesDown(1, 1);
   auto s = rig.mgr->stats();
   EXPECT_EQ(s.tiers[0].writebacks, 3u);
-  EXPECT_EQ(s.tiers[1].writebacks, 3u);
-  EXPECT_EQ(host->stats().blocks, 3u);
-  EXPECT_EQ(disk->stats().blocks, 3u);
+  EXPECT_EQ(s.tiers[1].writebacks, 1u) << "only the block the 2-slot host dropped";
+  EXPECT_EQ(host->stats().blocks, 2u);
+  EXPECT_EQ(host->stats().evictions, 1u);
+  EXPECT_EQ(disk->stats().blocks, 1u);
+  const auto tiers = rig.Run(2, p, 2);
+  ASSERT_EQ(tiers.size(), 3u);
+  EXPECT_EQ(std::count(tiers.begin(), tiers.end(), 1), 2) << "two blocks from the host";
+  EXPECT_EQ(std::count(tiers.begin(), tiers.end(), 2), 1) << "one from the disk";
+  EXPECT_EQ(rig.mgr->stats().tiers[1].loads_failed, 0u);
 }
 
 }  // namespace
@@ -336,14 +346,16 @@ TEST(KvManagerWriteBackTest, HostEvictionsGoDownToAWriteBackDisk) {
   EXPECT_EQ(host->stats().evictions, 1u);
   EXPECT_EQ(rig.mgr->stats().tiers[1].writebacks, 1u) << "the host's eviction went to disk";
   rig.AwaitBytesDown(1, 1);
-  // The device evicts the other two: write-back sends them to disk as well.
+  // The device evicts all three: the host holds two, the disk the third, so
+  // none is written again.
   rig.EvictDevice();
-  rig.AwaitBytesDown(1, 3);
-  EXPECT_EQ(disk->stats().blocks, 3u);
-  // The host lacks block 0, so the whole prefix comes from disk, bitwise as computed.
-  EXPECT_EQ(rig.Run(2, p, 2), (std::vector<int>{2, 2, 2}));
+  rig.mgr->Poll();
+  EXPECT_EQ(rig.mgr->stats().tiers[1].writebacks, 1u);
+  EXPECT_EQ(disk->stats().blocks, 1u);
+  // Block 0 from the disk, the rest from the host, bitwise as computed.
+  EXPECT_EQ(rig.Run(2, p, 2), (std::vector<int>{2, 1, 1}));
   auto s = rig.mgr->stats();
-  EXPECT_EQ(s.tiers[1].hits.blocks, 3u);
+  EXPECT_EQ(s.tiers[1].hits.blocks, 1u);
   EXPECT_EQ(s.tiers[1].loads_failed, 0u);
   EXPECT_EQ(disk->stats().corrupt_blocks, 0u);
 }
