@@ -144,6 +144,7 @@ void SimStore::Insert(const BlockHash& h) {
   } else {
     slot = policy_->Victim();  // SetNow above
     if (slot < 0) return;  // nothing evictable (a simulated store pins nothing; unreachable)
+    if (eviction_listener_) eviction_listener_(slot_hash_[static_cast<size_t>(slot)], Region{});
     policy_->Erase(slot, /*evicted=*/true);
     index_.erase(slot_hash_[static_cast<size_t>(slot)]);
     ++evictions_;

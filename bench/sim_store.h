@@ -12,8 +12,9 @@
 // touches it. A read of a hash not held completes NotFound at once. A read
 // touches the block (a use). Eviction: the block the store's eviction
 // policy picks (kvcache/eviction_policy.h, the same code the live tiers
-// run), when a write completes into a full store; a block the policy does
-// not admit is not stored. capacity 0 = the tier is off (writes fail).
+// run), when a write completes into a full store (the eviction listener is
+// told first); a block the policy does not admit is not stored. capacity 0 =
+// the tier is off (writes fail).
 //
 // Remote mode (kind kRemote, the cluster pool): the store holds nothing of
 // its own; its blocks are its peers' (SetPeers: the other instances' host
@@ -80,6 +81,9 @@ class SimStore final : public kvcache::BlockStore {
   void KeepFor(const BlockHash& h, int64_t nanos) override;
   Status Remove(const BlockHash& h) override;
   Status Flush(const Sha256Digest* ns) override;
+  // Called with (victim, Region{}) when a landing write evicts a block, as
+  // HostStore does: the mover passes it on to a write-back tier below.
+  void SetEvictionListener(EvictionListener listener) override { eviction_listener_ = std::move(listener); }
 
   // Remote mode: the stores whose blocks this one reads (not owned; they
   // outlive it).
@@ -124,6 +128,7 @@ class SimStore final : public kvcache::BlockStore {
   int64_t read_free_nanos_ = 0, write_free_nanos_ = 0;
   uint64_t next_seq_ = 0;
   uint64_t evictions_ = 0, write_errors_ = 0;
+  EvictionListener eviction_listener_;
   std::vector<SimStore*> peers_;  // remote mode
   uint64_t remote_reads_ = 0;
   bool remote() const { return options_.kind == kvcache::TierKind::kRemote; }
