@@ -12,6 +12,13 @@ namespace {
 // Tiers that receive blocks when the level above evicts them.
 bool IsWriteBack(WritePolicy p) { return p == WritePolicy::kWriteBack || p == WritePolicy::kExclusive; }
 
+// Loads from exclusive tiers submitted and not yet ended, over all tiers.
+uint64_t PromotionsInFlight(const std::vector<uint32_t>& per_tier) {
+  uint64_t n = 0;
+  for (uint32_t p : per_tier) n += p;
+  return n;
+}
+
 // The one tier at or below `first` that a block the level above drops goes
 // down to (-1: none). The walk ends at the first tier that holds `h` or is
 // writing it (that tier's own eviction passes it on later), else at the
@@ -20,13 +27,6 @@ bool IsWriteBack(WritePolicy p) { return p == WritePolicy::kWriteBack || p == Wr
 // instance never writes (the remote pool) are passed. So write-back tiers
 // form a chain, each taking what the level above drops, and an exclusive
 // chain holds every block once.
-// Loads from exclusive tiers submitted and not yet ended, over all tiers.
-uint64_t PromotionsInFlight(const std::vector<uint32_t>& per_tier) {
-  uint64_t n = 0;
-  for (uint32_t p : per_tier) n += p;
-  return n;
-}
-
 template <typename Admits>
 int NearestWriteBackTier(const std::vector<LowerTier>& lowers,
                          const std::vector<std::unordered_set<BlockHash, BlockHashHasher>>& in_flight, size_t first,
