@@ -183,10 +183,12 @@ class BlockStore {
 
   // Replaces the store's eviction policy with make(slots, name), where
   // `slots` is the store's slot count and `name` its current policy's (the
-  // KvManager hands an exclusive host tier its view of the hierarchy's
-  // policy: kvcache/hierarchy_policy.h). Only while the store holds
-  // nothing: Unsupported otherwise, and (the default) for
-  // a store whose policy cannot be replaced.
+  // KvManager hands the lower tiers their views of the hierarchy's policy:
+  // kvcache/hierarchy_policy.h). An error make returns is returned, and the
+  // policy is kept. Host and simulated tiers: only while the store holds
+  // nothing; a disk tier also when it holds blocks (they enter the new
+  // policy in the old one's order). Unsupported otherwise, and (the
+  // default) for a store whose policy cannot be replaced.
   using PolicyFactory =
       std::function<Result<std::unique_ptr<EvictionPolicy>>(int32_t slots, std::string_view name)>;
   virtual Status ReplaceEvictionPolicy(const PolicyFactory& make) {

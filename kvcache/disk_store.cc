@@ -97,6 +97,9 @@ class DiskStoreImpl final : public DiskStore {
     return out;
   }
   Status Flush(const Sha256Digest* ns) override;
+  // Also when blocks are held (a reopened store): they enter the new policy
+  // in the old one's order, next victim first, with their keep_until.
+  Status ReplaceEvictionPolicy(const PolicyFactory& make) override;
   uint64_t slot_bytes() const override { return slot_bytes_; }
   const DiskStoreOptions& options() const override { return options_; }
 
@@ -840,6 +843,23 @@ void DiskStoreImpl::Drain(std::vector<StoreCompletion>* out) {
     while (ring_->Peek(&c)) Complete(c);
   }
   Poll(out);
+}
+
+Status DiskStoreImpl::ReplaceEvictionPolicy(const PolicyFactory& make) {
+  const std::vector<int32_t> order = policy_->Order();
+  if (order.size() != entries_.size())  // every stored block is evictable; a policy that says otherwise is not replaced
+    return Status::Unsupported("disk store: its eviction policy lists " + std::to_string(order.size()) + " of " +
+                               std::to_string(entries_.size()) + " blocks");
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, make(static_cast<int32_t>(total_slots_), policy_->name()));
+  p->SetNow(RealClock()->NowNanos());
+  for (int32_t slot : order) {
+    BlockTraits traits;
+    traits.key = HashOfBlockHash{}(slot_hash_.at(static_cast<uint32_t>(slot)));
+    traits.keep_until_nanos = policy_->keep_until(slot);
+    p->Insert(slot, traits, /*evictable=*/true);
+  }
+  policy_ = std::move(p);
+  return Status::Ok();
 }
 
 Status DiskStoreImpl::Remove(const BlockHash& h) {

@@ -65,7 +65,9 @@ struct DiskStoreOptions {
   // Which stored block a full store evicts (kvcache/eviction_policy.h
   // names). Each block's last use is kept in the index, so after a reopen
   // lru resumes its order; the other policies restart from that order with
-  // no history (hits, frequencies, ghosts).
+  // no history (hits, frequencies, ghosts). Under a host tier, a write-back
+  // or exclusive disk gets its view of the KvManager's hierarchy policy
+  // instead (ReplaceEvictionPolicy; kvcache/hierarchy_policy.h).
   std::string eviction_policy = kDefaultEvictionPolicy;
 };
 

@@ -63,11 +63,17 @@ class HierarchyDeviceView final : public EvictionPolicy {
   std::unique_ptr<EvictionPolicy> lru_;
 };
 
-// The tier's policy: its victims are P's, among the blocks only it holds.
+// Lower tier i's policy. The last tier's victims are P's, among the blocks
+// only it holds; a tier above another demotes its least recently stored or
+// read block (the blocks below it are P's to rank).
 class HierarchyTierView final : public EvictionPolicy {
  public:
-  HierarchyTierView(std::shared_ptr<HierarchyPolicy> h, int32_t slots)
-      : h_(std::move(h)), hits_since_stored_(static_cast<size_t>(slots), 0), fallback_(slots) {}
+  HierarchyTierView(std::shared_ptr<HierarchyPolicy> h, size_t tier, int32_t slots)
+      : h_(std::move(h)),
+        tier_(tier),
+        last_(tier + 1 == h_->tiers_.size()),
+        hits_since_stored_(static_cast<size_t>(slots), 0),
+        fallback_(slots) {}
   std::string_view name() const override { return h_->p_->name(); }
   bool Admit(const BlockTraits& traits) override {
     const bool ok = h_->p_->Admit(traits);
@@ -75,7 +81,7 @@ class HierarchyTierView final : public EvictionPolicy {
     return ok;
   }
   void Insert(int32_t slot, const BlockTraits& traits, bool evictable) override {
-    h_->TierStored(slot, traits, evictable);
+    h_->TierStored(tier_, slot, traits, evictable);
     hits_since_stored_[static_cast<size_t>(slot)] = 0;
     num_evictable_ += evictable;
     if (evictable) fallback_.PushBack(slot);
@@ -90,62 +96,69 @@ class HierarchyTierView final : public EvictionPolicy {
   }
   void SetEvictable(int32_t slot, bool evictable) override {
     const size_t u = static_cast<size_t>(slot);
-    if (h_->tier_evictable_[u] == evictable) return;
+    auto& t = tier();
+    if (t.evictable[u] == evictable) return;
     num_evictable_ += evictable ? 1 : -1;
-    h_->tier_evictable_[u] = evictable;
+    t.evictable[u] = evictable;
     if (evictable) {
       fallback_.PushBack(slot);
     } else {
       fallback_.Remove(slot);
     }
-    h_->SetPlace(h_->tier_entry_[u]);
+    h_->SetPlace(t.entry[u]);
   }
   void Erase(int32_t slot, bool evicted) override {
     const size_t u = static_cast<size_t>(slot);
-    if (h_->tier_evictable_[u]) --num_evictable_;
+    if (tier().evictable[u]) --num_evictable_;
     if (fallback_.Contains(slot)) fallback_.Remove(slot);
     if (evicted) {
       ++stats_.evicted;
       if (hits_since_stored_[u] == 0) ++stats_.evicted_unused;
-      const int32_t e = h_->tier_entry_[u];
-      const int64_t keep = h_->p_->keep_until(e);
+      const int32_t e = tier().entry[u];
+      const int64_t keep = e < 0 ? 0 : h_->p_->keep_until(e);
       if (keep > 0) ++(keep <= now_ ? stats_.evicted_expired : stats_.evicted_kept);
     } else {
       ++stats_.removed;
     }
-    h_->TierLeft(slot, evicted);
+    h_->TierLeft(tier_, slot, evicted);
   }
-  // P's victim among the blocks only the tier holds. When every evictable
-  // block of the tier is also on the device (a write-through tier no larger
-  // than the device), the least recently stored or read of them that is not
-  // kept (cache_ttl_seconds), else the least recently stored or read.
+  // The last tier: P's victim among the blocks only it holds. When every
+  // evictable block of it is also held above (a write-through tier no larger
+  // than the tiers above), and in a tier above another: the least recently
+  // stored or read block that is not kept (cache_ttl_seconds), else the least
+  // recently stored or read.
   int32_t Victim() override {
-    const int32_t e = h_->p_->Victim();
+    const int32_t e = last_ ? h_->p_->Victim() : -1;
     if (e < 0) {
       for (int32_t i = fallback_.Front(); i != LruList::kNone; i = fallback_.Next(i))
         if (keep_until(i) <= now_) return i;
       return fallback_.Front();
     }
-    const int32_t slot = h_->entries_[static_cast<size_t>(e)].tier_slot;
-    assert(slot >= 0 && h_->tier_evictable_[static_cast<size_t>(slot)]);
+    const int32_t slot = h_->entries_[static_cast<size_t>(e)].tier_slot[tier_];
+    assert(slot >= 0 && tier().evictable[static_cast<size_t>(slot)]);
     return slot;
   }
   void KeepUntil(int32_t slot, int64_t until_nanos) override {
-    h_->p_->KeepUntil(h_->tier_entry_[static_cast<size_t>(slot)], until_nanos);
+    const int32_t e = tier().entry[static_cast<size_t>(slot)];
+    if (e >= 0) h_->p_->KeepUntil(e, until_nanos);
   }
   int64_t keep_until(int32_t slot) const override {
-    const int32_t e = h_->tier_entry_[static_cast<size_t>(slot)];
+    const int32_t e = tier().entry[static_cast<size_t>(slot)];
     return e < 0 ? 0 : h_->p_->keep_until(e);
   }
-  bool held(int32_t slot) const override { return h_->tier_entry_[static_cast<size_t>(slot)] >= 0; }
-  bool evictable(int32_t slot) const override { return h_->tier_evictable_[static_cast<size_t>(slot)]; }
+  bool held(int32_t slot) const override { return tier().entry[static_cast<size_t>(slot)] >= 0; }
+  bool evictable(int32_t slot) const override { return tier().evictable[static_cast<size_t>(slot)]; }
   int32_t num_evictable() const override { return num_evictable_; }
   std::vector<int32_t> Order() const override {
     std::vector<int32_t> out;
+    if (!last_) {
+      for (int32_t i = fallback_.Front(); i != LruList::kNone; i = fallback_.Next(i)) out.push_back(i);
+      return out;
+    }
     for (int32_t e : h_->p_->Order()) {
       const auto& x = h_->entries_[static_cast<size_t>(e)];
-      if (x.tier_slot >= 0 && x.device_slot < 0 && h_->tier_evictable_[static_cast<size_t>(x.tier_slot)])
-        out.push_back(x.tier_slot);
+      const int32_t s = x.tier_slot[tier_];
+      if (h_->Candidate(x) && tier().evictable[static_cast<size_t>(s)]) out.push_back(s);
     }
     return out;
   }
@@ -159,7 +172,12 @@ class HierarchyTierView final : public EvictionPolicy {
   bool above(int32_t) const override { return false; }
 
  private:
+  HierarchyPolicy::Tier& tier() { return h_->tiers_[tier_]; }
+  const HierarchyPolicy::Tier& tier() const { return h_->tiers_[tier_]; }
+
   std::shared_ptr<HierarchyPolicy> h_;
+  size_t tier_;
+  bool last_;
   std::vector<uint32_t> hits_since_stored_;
   LruList fallback_;  // the evictable slots, least recently stored or read first
   int32_t num_evictable_ = 0;
@@ -170,13 +188,19 @@ class HierarchyTierView final : public EvictionPolicy {
 // ------------------------------------------------------------------- core
 
 Result<std::shared_ptr<HierarchyPolicy>> HierarchyPolicy::Create(std::string_view name, int32_t device_slots,
-                                                                 int32_t tier_slots) {
-  if (device_slots < 0 || tier_slots < 0)
-    return Status::InvalidArgument("hierarchy policy: negative slot counts");
-  // P's size is the two tiers' (its ghost lists and histories scale with
-  // it, as a flat cache's would), plus a little room for blocks in transit;
-  // when more are in transit, NewEntry forgets them (their history only).
-  const int64_t cap = static_cast<int64_t>(device_slots) + tier_slots + 64;
+                                                                 std::vector<int32_t> tier_slots) {
+  if (tier_slots.empty() || tier_slots.size() > kMaxTiers)
+    return Status::InvalidArgument("hierarchy policy: 1 to " + std::to_string(kMaxTiers) + " lower tiers");
+  // P's size is the tiers' (its ghost lists and histories scale with it, as
+  // a flat cache's would), plus a little room for blocks in transit; when
+  // more are in transit, NewEntry forgets them (their history only).
+  int64_t cap = static_cast<int64_t>(device_slots) + 64;
+  bool negative = device_slots < 0;
+  for (int32_t t : tier_slots) {
+    negative = negative || t < 0;
+    cap += t;
+  }
+  if (negative) return Status::InvalidArgument("hierarchy policy: negative slot counts");
   if (cap > INT32_MAX) return Status::InvalidArgument("hierarchy policy: too many slots");
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, MakeEvictionPolicy(name, static_cast<int32_t>(cap)));
   return std::shared_ptr<HierarchyPolicy>(
@@ -184,13 +208,28 @@ Result<std::shared_ptr<HierarchyPolicy>> HierarchyPolicy::Create(std::string_vie
 }
 
 HierarchyPolicy::HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t entries, int32_t device_slots,
-                                 int32_t tier_slots)
-    : p_(std::move(p)),
-      device_entry_(static_cast<size_t>(device_slots), -1),
-      tier_entry_(static_cast<size_t>(tier_slots), -1),
-      tier_evictable_(static_cast<size_t>(tier_slots), false) {
+                                 const std::vector<int32_t>& tier_slots)
+    : p_(std::move(p)), device_entry_(static_cast<size_t>(device_slots), -1) {
+  for (int32_t t : tier_slots)
+    tiers_.push_back(Tier{.entry = std::vector<int32_t>(static_cast<size_t>(t), -1),
+                          .evictable = std::vector<bool>(static_cast<size_t>(t), false)});
   entries_.resize(static_cast<size_t>(entries));
   for (int32_t e = entries - 1; e >= 0; --e) free_entries_.push_back(e);
+}
+
+bool HierarchyPolicy::Candidate(const Entry& x) const {
+  if (x.device_slot >= 0) return false;
+  const size_t last = tiers_.size() - 1;
+  for (size_t i = 0; i < last; ++i)
+    if (x.tier_slot[i] >= 0) return false;
+  return x.tier_slot[last] >= 0;
+}
+
+bool HierarchyPolicy::Held(const Entry& x) const {
+  if (x.device_slot >= 0) return true;
+  for (size_t i = 0; i < tiers_.size(); ++i)
+    if (x.tier_slot[i] >= 0) return true;
+  return false;
 }
 
 std::unique_ptr<EvictionPolicy> HierarchyPolicy::DeviceView() {
@@ -200,10 +239,11 @@ std::unique_ptr<EvictionPolicy> HierarchyPolicy::DeviceView() {
   return std::make_unique<HierarchyDeviceView>(shared_from_this(), std::move(lru));
 }
 
-std::unique_ptr<EvictionPolicy> HierarchyPolicy::TierView() {
-  assert(!tier_view_made_);
-  tier_view_made_ = true;
-  return std::make_unique<HierarchyTierView>(shared_from_this(), static_cast<int32_t>(tier_entry_.size()));
+std::unique_ptr<EvictionPolicy> HierarchyPolicy::TierView(size_t tier) {
+  assert(tier < tiers_.size() && !tiers_[tier].view_made);
+  tiers_[tier].view_made = true;
+  return std::make_unique<HierarchyTierView>(shared_from_this(), tier,
+                                             static_cast<int32_t>(tiers_[tier].entry.size()));
 }
 
 int32_t HierarchyPolicy::NewEntry(uint64_t key) {
@@ -211,7 +251,10 @@ int32_t HierarchyPolicy::NewEntry(uint64_t key) {
   assert(!free_entries_.empty());  // device + tier blocks fit without the ones in transit
   const int32_t e = free_entries_.back();
   free_entries_.pop_back();
-  entries_[static_cast<size_t>(e)] = Entry{.key = key, .used = true};
+  Entry& x = entries_[static_cast<size_t>(e)];
+  x = Entry{};
+  x.key = key;
+  x.used = true;
   by_key_.emplace(key, e);  // a colliding key keeps the older entry; this one is found by slot only
   return e;
 }
@@ -240,8 +283,9 @@ void HierarchyPolicy::FreeEntry(int32_t e, bool evicted) {
 void HierarchyPolicy::SetPlace(int32_t e) {
   if (e < 0) return;
   const Entry& x = entries_[static_cast<size_t>(e)];
-  p_->SetAbove(e, x.device_slot >= 0 || x.tier_slot < 0);
-  if (x.device_slot < 0 && x.tier_slot >= 0) p_->SetEvictable(e, tier_evictable_[static_cast<size_t>(x.tier_slot)]);
+  const bool candidate = Candidate(x);
+  p_->SetAbove(e, !candidate);
+  if (candidate) p_->SetEvictable(e, tiers_.back().evictable[static_cast<size_t>(x.tier_slot[tiers_.size() - 1])]);
 }
 
 BlockTraits HierarchyPolicy::Translate(const BlockTraits& traits, const std::vector<int32_t>& slot_entry) const {
@@ -283,8 +327,8 @@ void HierarchyPolicy::DeviceLeft(int32_t device_slot, bool evicted) {
   if (e < 0) return;
   Entry& x = entries_[static_cast<size_t>(e)];
   x.device_slot = -1;
-  if (x.tier_slot >= 0) {
-    SetPlace(e);  // the tier's copy: a candidate now
+  if (Held(x)) {
+    SetPlace(e);  // a tier's copy: a candidate now if in the last tier only
   } else if (evicted) {
     SetInTransit(e, true);  // demoted: its write-back comes, or Settle forgets it
     p_->SetEvictable(e, true);
@@ -293,34 +337,43 @@ void HierarchyPolicy::DeviceLeft(int32_t device_slot, bool evicted) {
   }
 }
 
-void HierarchyPolicy::TierStored(int32_t tier_slot, const BlockTraits& traits, bool evictable) {
+void HierarchyPolicy::TierStored(size_t tier, int32_t tier_slot, const BlockTraits& traits, bool evictable) {
   const size_t u = static_cast<size_t>(tier_slot);
+  Tier& t = tiers_[tier];
   int32_t e = -1;
-  if (auto it = by_key_.find(traits.key); it != by_key_.end() && entries_[static_cast<size_t>(it->second)].tier_slot < 0)
+  if (auto it = by_key_.find(traits.key);
+      it != by_key_.end() && entries_[static_cast<size_t>(it->second)].tier_slot[tier] < 0)
     e = it->second;
   if (e < 0) {  // written down before the device named it (write-through of a tier above), or a collision
     e = NewEntry(traits.key);
-    p_->Insert(e, Translate(traits, tier_entry_), /*evictable=*/false);
+    p_->Insert(e, Translate(traits, t.entry), /*evictable=*/false);
   }
   Entry& x = entries_[static_cast<size_t>(e)];
-  x.tier_slot = tier_slot;
+  x.tier_slot[tier] = tier_slot;
   SetInTransit(e, false);
-  tier_entry_[u] = e;
-  tier_evictable_[u] = evictable;
+  t.entry[u] = e;
+  t.evictable[u] = evictable;
   if (traits.keep_until_nanos > 0) p_->KeepUntil(e, traits.keep_until_nanos);
   SetPlace(e);
 }
 
-void HierarchyPolicy::TierLeft(int32_t tier_slot, bool evicted) {
+void HierarchyPolicy::TierLeft(size_t tier, int32_t tier_slot, bool evicted) {
   const size_t u = static_cast<size_t>(tier_slot);
-  const int32_t e = tier_entry_[u];
-  tier_entry_[u] = -1;
-  tier_evictable_[u] = false;
+  Tier& t = tiers_[tier];
+  const int32_t e = t.entry[u];
+  t.entry[u] = -1;
+  t.evictable[u] = false;
   if (e < 0) return;
   Entry& x = entries_[static_cast<size_t>(e)];
-  x.tier_slot = -1;
-  if (x.device_slot >= 0) return;  // promoted: the device holds it, with its history
-  FreeEntry(e, evicted);
+  x.tier_slot[tier] = -1;
+  if (Held(x)) {  // promoted (the device holds it, with its history), or a copy elsewhere
+    SetPlace(e);
+  } else if (evicted && tier + 1 < tiers_.size()) {
+    SetInTransit(e, true);  // demoted: its write into a tier below may come, or Settle forgets it
+    p_->SetAbove(e, true);
+  } else {
+    FreeEntry(e, evicted);
+  }
 }
 
 void HierarchyPolicy::Settle(const std::function<bool(uint64_t key)>& write_pending) {
@@ -350,22 +403,25 @@ Status HierarchyPolicy::CheckConsistency() const {
     if (e >= 0 && entries_[static_cast<size_t>(e)].device_slot != static_cast<int32_t>(d))
       return bad("device slot " + std::to_string(d) + " and its entry disagree");
   }
-  for (size_t t = 0; t < tier_entry_.size(); ++t) {
-    const int32_t e = tier_entry_[t];
-    if (e >= 0 && entries_[static_cast<size_t>(e)].tier_slot != static_cast<int32_t>(t))
-      return bad("tier slot " + std::to_string(t) + " and its entry disagree");
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    for (size_t t = 0; t < tiers_[i].entry.size(); ++t) {
+      const int32_t e = tiers_[i].entry[t];
+      if (e >= 0 && entries_[static_cast<size_t>(e)].tier_slot[i] != static_cast<int32_t>(t))
+        return bad("tier " + std::to_string(i) + " slot " + std::to_string(t) + " and its entry disagree");
+    }
   }
   size_t used = 0;
+  const size_t last = tiers_.size() - 1;
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& x = entries_[i];
     const int32_t e = static_cast<int32_t>(i);
     if (x.used != p_->held(e)) return bad("entry " + std::to_string(i) + ": P disagrees on whether it is held");
     if (!x.used) continue;
     ++used;
-    if (x.device_slot < 0 && x.tier_slot < 0 && !x.in_transit) return bad("entry " + std::to_string(i) + " is nowhere");
-    const bool candidate = x.device_slot < 0 && x.tier_slot >= 0;
+    if (!Held(x) && !x.in_transit) return bad("entry " + std::to_string(i) + " is nowhere");
+    const bool candidate = Candidate(x);
     if (p_->above(e) == candidate) return bad("entry " + std::to_string(i) + " has the wrong place in P");
-    if (candidate && p_->evictable(e) != tier_evictable_[static_cast<size_t>(x.tier_slot)])
+    if (candidate && p_->evictable(e) != tiers_[last].evictable[static_cast<size_t>(x.tier_slot[last])])
       return bad("entry " + std::to_string(i) + ": P and the tier disagree on whether it is evictable");
   }
   if (used + free_entries_.size() != entries_.size()) return bad("entries lost");

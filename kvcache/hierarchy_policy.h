@@ -1,44 +1,47 @@
 #pragma once
-// One eviction policy over the device pool and the host tier below it
+// One eviction policy over the device pool and the lower tiers below it
 // (issue 22; any write policy: exclusive, write-back, write-through): the
-// two tiers rank their blocks as one flat cache would, so a policy's gains
+// tiers rank their blocks as one flat cache would, so a policy's gains
 // over LRU (s3fifo, freq, learned) carry into the hierarchy.
 //
 // With per-tier policies a block demoted from the device arrives at the host
 // tier as new: its uses on the device, and its place in the policy (S3-FIFO's
 // small or main queue, GreedyDual's priority), are lost. Here one policy P,
-// of capacity device + tier slots (and a little room for blocks in transit), ranks
-// every block the two tiers hold:
+// of capacity device + every tier's slots (and a little room for blocks in
+// transit), ranks every block the tiers hold:
 //   - a block the device names enters P, "held above" (SetAbove): ranked,
 //     its uses counted, never P's victim;
 //   - the device still demotes its least recently used block (its own lru
 //     over its slots: the device's decision is which block moves down, not
-//     which block leaves the cache);
-//   - the demoted block keeps its entry when the tier stores it (the entry
-//     becomes a candidate), and when it is promoted back to the device;
-//   - the tier evicts P's victim among the blocks only it holds: the one
-//     block that leaves the hierarchy.
+//     which block leaves the cache); so does every lower tier but the last
+//     (its own lru over its slots: a host tier above a disk tier);
+//   - a demoted block keeps its entry when a tier below stores it (in the
+//     last tier the entry becomes a candidate), and when it is promoted;
+//   - the last tier evicts P's victim among the blocks only it holds: in an
+//     exclusive chain, the one block that leaves the hierarchy.
 // With `lru` in an exclusive hierarchy this is the same cache as before
-// (the device demotes in last-use order, which is P's order); with the
-// others it is the flat policy of the total size, less what the device
-// pins. Under write-through a tier may hold copies of device blocks: it
-// evicts those (least recently stored or read first, kept ones last) only
-// when it holds nothing else.
+// (every tier demotes in last-use order, which is P's order); with the
+// others it is the flat policy of the total size, less what the upper
+// tiers hold. Under write-through the last tier may hold copies of blocks
+// above: it evicts those (least recently stored or read first, kept ones
+// last) only when it holds nothing else.
 //
-// A block the device evicts and the tier has not stored yet (its write-back
-// is queued, deferred or dropped) is in transit: held above, neither tier's.
-// Settle() forgets those whose write will not come.
+// A block a tier drops that no tier holds and whose write into a tier
+// below may come (queued, deferred or dropped) is in transit: held above,
+// no tier's. Settle() forgets those whose write will not come.
 //
 // The views: DeviceView() is the BlockPool's policy (Insert = Register, Access
-// = a prefix hit, Erase = eviction or flush); TierView() is the tier's (a
-// HostStore or the simulator's SimStore, through BlockStore::
-// ReplaceEvictionPolicy). Uses are counted once, on the device: the tier's
-// reads precede a load the device then names (a use there).
+// = a prefix hit, Erase = eviction or flush); TierView(i) is lower tier i's
+// (a HostStore, a DiskStore or the simulator's SimStore, through
+// BlockStore::ReplaceEvictionPolicy), i = 0 the tier right below the
+// device. Uses are counted once, on the device: the tiers' reads precede a
+// load the device then names (a use there).
 //
 // Ownership: the views share the HierarchyPolicy (shared_ptr); the KvManager
 // keeps one to call Settle.
-// Thread-safety: none; the engine loop drives the pool, the tier and Settle.
+// Thread-safety: none; the engine loop drives the pool, the tiers and Settle.
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -53,16 +56,28 @@ namespace strata::kvcache {
 
 class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
  public:
-  // P is MakeEvictionPolicy(name, ...) over the device's and the tier's
-  // slots. InvalidArgument for an unknown name or negative sizes.
+  // The most lower tiers one policy spans.
+  static constexpr size_t kMaxTiers = 4;
+
+  // P is MakeEvictionPolicy(name, ...) over the device's and the tiers'
+  // slots; tier_slots[i] is lower tier i's (i = 0 right below the device).
+  // InvalidArgument for an unknown name, negative sizes, no tier or more
+  // than kMaxTiers.
   static Result<std::shared_ptr<HierarchyPolicy>> Create(std::string_view name, int32_t device_slots,
-                                                         int32_t tier_slots);
+                                                         std::vector<int32_t> tier_slots);
+  // One lower tier.
+  static Result<std::shared_ptr<HierarchyPolicy>> Create(std::string_view name, int32_t device_slots,
+                                                         int32_t tier_slots) {
+    return Create(name, device_slots, std::vector<int32_t>{tier_slots});
+  }
 
   // The device pool's policy: lru over `device_slots` for demotion, and P.
   // Call once.
   std::unique_ptr<EvictionPolicy> DeviceView();
-  // The tier's policy over its `tier_slots`. Call once.
-  std::unique_ptr<EvictionPolicy> TierView();
+  // Lower tier i's policy over its tier_slots[i]: P's victims for the last
+  // tier, its own lru for the others. Call once per tier.
+  std::unique_ptr<EvictionPolicy> TierView(size_t tier = 0);
+  size_t num_tiers() const { return tiers_.size(); }
 
   // Forgets the blocks in transit for which `write_pending(key)` is false
   // (their write-back was dropped or failed). Cheap when none is in transit.
@@ -77,22 +92,33 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
   friend class HierarchyDeviceView;
   friend class HierarchyTierView;
   // `entries`: P's capacity (Create says why it is what it is).
-  HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t entries, int32_t device_slots, int32_t tier_slots);
+  HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t entries, int32_t device_slots,
+                  const std::vector<int32_t>& tier_slots);
 
   struct Entry {
+    Entry() { tier_slot.fill(-1); }
     uint64_t key = 0;
-    int32_t device_slot = -1;  // -1: not on the device
-    int32_t tier_slot = -1;    // -1: not in the tier
+    int32_t device_slot = -1;                   // -1: not on the device
+    std::array<int32_t, kMaxTiers> tier_slot;  // per lower tier; -1: not in it
     bool in_transit = false;
     bool used = false;
+  };
+  struct Tier {
+    std::vector<int32_t> entry;   // slot → entry (-1)
+    std::vector<bool> evictable;  // the tier's own evictable state per slot
+    bool view_made = false;
   };
   // The device named a block (slot `device_slot`): a new entry, or a use of
   // the entry its key has (loaded from the tier, recomputed while in transit).
   void DeviceNamed(int32_t device_slot, const BlockTraits& traits);
   void DeviceUsed(int32_t device_slot);
   void DeviceLeft(int32_t device_slot, bool evicted);
-  void TierStored(int32_t tier_slot, const BlockTraits& traits, bool evictable);
-  void TierLeft(int32_t tier_slot, bool evicted);
+  void TierStored(size_t tier, int32_t tier_slot, const BlockTraits& traits, bool evictable);
+  void TierLeft(size_t tier, int32_t tier_slot, bool evicted);
+  // P may evict it: in the last tier only (not on the device, in no tier above).
+  bool Candidate(const Entry& x) const;
+  // Held by the device or by any tier.
+  bool Held(const Entry& x) const;
   int32_t NewEntry(uint64_t key);
   void FreeEntry(int32_t e, bool evicted);
   void SetPlace(int32_t e);  // P's above flag from where the entry is
@@ -103,12 +129,11 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
   std::vector<int32_t> free_entries_;
   std::unordered_map<uint64_t, int32_t> by_key_;
   std::vector<int32_t> device_entry_;  // device slot → entry (-1)
-  std::vector<int32_t> tier_entry_;    // tier slot → entry (-1)
-  std::vector<bool> tier_evictable_;   // the tier's own evictable state per slot
+  std::vector<Tier> tiers_;             // the lower tiers, nearest first
   std::vector<int32_t> transit_;       // entries in transit (may hold stale ones: checked)
   size_t num_in_transit_ = 0;
   void SetInTransit(int32_t e, bool in_transit);
-  bool device_view_made_ = false, tier_view_made_ = false;
+  bool device_view_made_ = false;
 };
 
 }  // namespace strata::kvcache

@@ -30,28 +30,59 @@ Status CheckOptions(const KvManagerOptions& options, const Clock* clock) {
   return Status::Ok();
 }
 
-// The device pool's policy. When the first lower tier can take a policy
-// from outside (a host tier or the simulator's, whatever its write policy),
-// the two share one (kvcache/hierarchy_policy.h) under the tier's policy
-// name (which kv.eviction_policy defaults); else the pool has its own.
+// The lower tiers one policy spans with the device: from the first, each
+// that can take a policy from outside (a host, a disk or a simulated tier),
+// runs the first one's policy name and, below the first, is write-back or
+// exclusive; a remote tier, or one that cannot, ends the run. Asks each store by a factory that records its slots and
+// fails, so that nothing is replaced yet.
+std::vector<int32_t> HierarchyTiers(const std::vector<LowerTier>& lowers, std::string* name, Status* error) {
+  std::vector<int32_t> slots;
+  for (const LowerTier& t : lowers) {
+    if (slots.size() == HierarchyPolicy::kMaxTiers || t.store == nullptr || t.store->kind() == TierKind::kRemote) break;
+    // Below the first, only a tier that holds what the tiers above drop: a
+    // write-through tier under a host tier keeps its own policy (measured
+    // better there: docs/simulator.md, "Device + host + disk").
+    if (!slots.empty() && t.write_policy == WritePolicy::kWriteThrough) break;
+    int32_t n = -1;
+    std::string policy;
+    const Status s = t.store->ReplaceEvictionPolicy(
+        [&](int32_t tier_slots, std::string_view tier_policy) -> Result<std::unique_ptr<EvictionPolicy>> {
+          n = tier_slots;
+          policy = std::string(tier_policy);
+          return Status::Cancelled("probe");
+        });
+    if (n < 0) {  // the store refused before asking
+      if (s.code() != StatusCode::kUnsupported) *error = s;
+      if (slots.empty()) STRATA_LOG_INFO("kv manager: per-tier eviction policies ({})", s.message());
+      break;
+    }
+    if (!slots.empty() && policy != *name) break;
+    if (slots.empty()) *name = policy;
+    slots.push_back(n);
+  }
+  return slots;
+}
+
+// The device pool's policy. The device and the lower tiers HierarchyTiers
+// names share one (kvcache/hierarchy_policy.h), under the first tier's
+// policy name (which kv.eviction_policy defaults), whatever their write
+// policies; with none the pool has its own.
 Result<std::unique_ptr<EvictionPolicy>> DevicePolicy(const KvManagerOptions& options,
                                                      const std::vector<LowerTier>& lowers,
                                                      std::shared_ptr<HierarchyPolicy>* hierarchy) {
-  if (!lowers.empty() && lowers[0].store != nullptr) {
-    std::shared_ptr<HierarchyPolicy> h;
-    const Status s = lowers[0].store->ReplaceEvictionPolicy(
-        [&](int32_t slots, std::string_view name) -> Result<std::unique_ptr<EvictionPolicy>> {
-          STRATA_ASSIGN_OR_RETURN(h, HierarchyPolicy::Create(name, options.num_device_blocks, slots));
-          return h->TierView();
-        });
-    if (s.ok()) {
-      *hierarchy = h;
-      return h->DeviceView();
-    }
-    if (s.code() != StatusCode::kUnsupported) return s;
-    STRATA_LOG_INFO("kv manager: per-tier eviction policies ({})", s.message());
+  std::string name;
+  Status error = Status::Ok();
+  const std::vector<int32_t> slots = HierarchyTiers(lowers, &name, &error);
+  STRATA_RETURN_IF_ERROR(error);
+  if (slots.empty()) return MakeEvictionPolicy(options.eviction_policy, options.num_device_blocks);
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<HierarchyPolicy> h,
+                          HierarchyPolicy::Create(name, options.num_device_blocks, slots));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(lowers[i].store->ReplaceEvictionPolicy(
+        [&](int32_t, std::string_view) -> Result<std::unique_ptr<EvictionPolicy>> { return h->TierView(i); }));
   }
-  return MakeEvictionPolicy(options.eviction_policy, options.num_device_blocks);
+  *hierarchy = h;
+  return h->DeviceView();
 }
 
 }  // namespace

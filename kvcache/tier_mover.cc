@@ -588,7 +588,8 @@ void TierMover::WriteBackEvicted(std::span<const int> loads_from) {
 void TierMover::SettleHierarchy() {
   if (hierarchy_ == nullptr || hierarchy_->in_transit() == 0 || lowers_.empty()) return;
   std::unordered_set<uint64_t> pending;
-  for (const BlockHash& h : writes_in_flight_[0]) pending.insert(BlockHashHasher{}(h));
+  for (const auto& tier : writes_in_flight_)  // any tier's: a block a host tier drops goes down to the disk
+    for (const BlockHash& h : tier) pending.insert(BlockHashHasher{}(h));
   hierarchy_->Settle([&](uint64_t key) { return pending.contains(key); });
 }
 

@@ -1,5 +1,8 @@
 #include "tests/support/test_env.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -50,6 +53,34 @@ std::string MakeTempDir(const std::string& prefix) {
   }
   g_dirs->push_back(buf.data());
   return buf.data();
+}
+
+std::string MakeDirectIoTempDir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  for (const std::string& base : {std::string(tmp != nullptr && *tmp ? tmp : "/tmp"), std::string("/var/tmp"),
+                                 std::string("/tmp"), std::string(".")}) {
+    std::vector<char> buf;
+    for (char c : base + "/" + prefix + "XXXXXX") buf.push_back(c);
+    buf.push_back('\0');
+    if (mkdtemp(buf.data()) == nullptr) continue;
+    const std::string dir = buf.data();
+    const std::string probe = dir + "/probe";
+    const int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
+    if (fd < 0) {
+      rmdir(dir.c_str());
+      continue;
+    }
+    close(fd);
+    unlink(probe.c_str());
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_dirs == nullptr) {
+      g_dirs = new std::vector<std::string>();
+      std::atexit(RemoveDirs);
+    }
+    g_dirs->push_back(dir);
+    return dir;
+  }
+  return "";
 }
 
 }  // namespace strata::testing

@@ -15,5 +15,9 @@ std::string ReferenceDir();
 std::string Stories260KPath();
 // A fresh empty directory under $TMPDIR, removed at process exit.
 std::string MakeTempDir(const std::string& prefix);
+// The same on a filesystem that takes O_DIRECT (the disk tier's): the
+// first of $TMPDIR, /var/tmp, /tmp and the working directory that does;
+// "" when none does.
+std::string MakeDirectIoTempDir(const std::string& prefix);
 
 }  // namespace strata::testing

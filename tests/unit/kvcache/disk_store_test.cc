@@ -14,6 +14,7 @@
 #include <random>
 
 #include "common/sha256.h"
+#include "kvcache/eviction_policy.h"
 #include "tests/support/block_data.h"
 #include "tests/support/test_memory.h"
 
@@ -349,6 +350,44 @@ TEST(DiskStoreTest, EvictionPolicyIsTheConfiguredOne) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.error().message().find("mru"), std::string::npos) << r.error().ToString();
+}
+
+// The KvManager hands a disk under a host tier its view of one hierarchy
+// policy (BlockStore::ReplaceEvictionPolicy). A reopened store holds
+// blocks: they enter the new policy in the old one's order (lru resumes),
+// the policy named is the store's, and a factory that fails leaves the old
+// policy in place.
+TEST(DiskStoreTest, ReplacedPolicyTakesTheHeldBlocksInOrder) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 4);
+  o.eviction_policy = "lru";
+  {
+    auto s = MustOpen(o);
+    ASSERT_TRUE(s);
+    WriteBlocks(*s, {0, 1, 2, 3}, Ns(1));
+    ExpectBlock(*s, 0);  // 1 is the oldest now
+  }
+  auto s = MustOpen(o);
+  ASSERT_TRUE(s);
+  const Status refused = s->ReplaceEvictionPolicy(
+      [](int32_t, std::string_view) -> Result<std::unique_ptr<EvictionPolicy>> { return Status::Cancelled("no"); });
+  EXPECT_EQ(refused.code(), StatusCode::kCancelled);
+  int32_t slots = -1;
+  std::string name;
+  const Status replaced =
+      s->ReplaceEvictionPolicy([&](int32_t n, std::string_view policy) -> Result<std::unique_ptr<EvictionPolicy>> {
+        slots = n;
+        name = std::string(policy);
+        return MakeEvictionPolicy("lru", n);
+      });
+  ASSERT_TRUE(replaced.ok()) << replaced.ToString();
+  EXPECT_EQ(slots, 4);
+  EXPECT_EQ(name, "lru");
+  EXPECT_EQ(s->stats().policy.inserted, 4u) << "the held blocks, in the new policy";
+  WriteBlocks(*s, {4, 5}, Ns(1));
+  EXPECT_FALSE(s->Contains(HashOf(1)));
+  EXPECT_FALSE(s->Contains(HashOf(2)));
+  for (uint64_t i : {3, 0, 4, 5}) ExpectBlock(*s, i);
 }
 
 // cache_ttl_seconds on the disk tier (BlockStore::KeepFor, real clock): a

@@ -1,17 +1,22 @@
-// One eviction policy over the device pool and the host tier below it
+// One eviction policy over the device pool and the tiers below it
 // (kvcache/hierarchy_policy.h): a block keeps its place in the policy when
-// it moves between the tiers, the tier evicts only blocks the device does
-// not hold, and through the KvManager a policy's scan resistance survives
-// the move down (which per-tier policies lost).
+// it moves between the tiers, the last tier evicts only blocks no tier
+// above holds, and through the KvManager a policy's scan resistance
+// survives the moves down, to a host tier and on to a real disk tier
+// (which per-tier policies lost).
 
 #include "kvcache/hierarchy_policy.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 
+#include "kvcache/disk_store.h"
 #include "kvcache/host_store.h"
 #include "kvcache/kv_manager.h"
+#include "tests/support/test_env.h"
 
 namespace strata::kvcache {
 namespace {
@@ -105,6 +110,66 @@ TEST(HierarchyPolicyTest, TheTierSkipsBlocksTheDeviceHoldsInPlace) {
   ExpectConsistent(*h);
 }
 
+// Device, host and disk views of one policy: a block keeps its one entry
+// all the way down; the host (above another tier) demotes its least
+// recently stored or read block; the disk evicts P's victim among the
+// blocks only it holds, never one the host also holds.
+TEST(HierarchyPolicyTest, ThreeTiersShareOneEntryPerBlock) {
+  auto h = std::move(HierarchyPolicy::Create("lru", 2, std::vector<int32_t>{2, 3})).value();
+  ASSERT_EQ(h->num_tiers(), 2u);
+  auto device = h->DeviceView();
+  auto host = h->TierView(0);
+  auto disk = h->TierView(1);
+  device->Insert(0, Key(21), false);
+  device->Access(0);
+  device->SetEvictable(0, true);
+  device->Erase(0, /*evicted=*/true);  // demoted to the host
+  host->Insert(1, Key(21), true);
+  device->Insert(0, Key(22), false);
+  device->SetEvictable(0, true);
+  device->Erase(0, /*evicted=*/true);
+  host->Insert(0, Key(22), true);
+  ExpectConsistent(*h);
+  EXPECT_EQ(host->Victim(), 1) << "the host demotes its least recently stored block";
+  EXPECT_EQ(disk->Victim(), -1);
+  host->Access(1);  // read: now 22 is the older one
+  EXPECT_EQ(host->Victim(), 0);
+  host->Erase(0, /*evicted=*/true);
+  EXPECT_EQ(h->in_transit(), 1u) << "on its way to the disk";
+  disk->Insert(2, Key(22), true);
+  EXPECT_EQ(h->in_transit(), 0u);
+  EXPECT_EQ(h->policy().stats().inserted, 2u) << "one entry per block, whichever tier holds it";
+  EXPECT_EQ(disk->Victim(), 2);
+  // A copy of a host block on the disk (write-through): not the disk's victim
+  // while the disk holds a block only it holds.
+  disk->Insert(0, Key(21), true);
+  EXPECT_EQ(disk->Victim(), 2);
+  EXPECT_EQ(disk->Order(), (std::vector<int32_t>{2}));
+  ExpectConsistent(*h);
+  host->Erase(1, /*evicted=*/true);  // the disk's copy is all that is left: a candidate
+  EXPECT_EQ(h->in_transit(), 0u);
+  EXPECT_EQ(disk->Order().size(), 2u);
+  ExpectConsistent(*h);
+  disk->Erase(2, /*evicted=*/true);
+  disk->Erase(0, /*evicted=*/true);
+  EXPECT_EQ(h->policy().stats().evicted, 2u);
+  EXPECT_EQ(h->policy().num_evictable(), 0);
+  ExpectConsistent(*h);
+  // A host eviction whose write to the disk never comes is forgotten.
+  device->Insert(1, Key(23), false);
+  device->SetEvictable(1, true);
+  device->Erase(1, true);
+  host->Insert(0, Key(23), true);
+  host->Erase(0, true);
+  EXPECT_EQ(h->in_transit(), 1u);
+  h->Settle([](uint64_t) { return false; });
+  EXPECT_EQ(h->in_transit(), 0u);
+  EXPECT_EQ(h->policy().stats().evicted, 3u);
+  ExpectConsistent(*h);
+  EXPECT_FALSE(HierarchyPolicy::Create("lru", 2, std::vector<int32_t>{}).ok());
+  EXPECT_FALSE(HierarchyPolicy::Create("lru", 2, std::vector<int32_t>{1, 1, 1, 1, 1}).ok());
+}
+
 constexpr int kBs = 4;
 constexpr uint64_t kBlockBytes = 64;
 
@@ -149,7 +214,10 @@ int32_t RunOnce(KvManager& m, uint64_t id, const std::vector<int32_t>& prompt) {
   EXPECT_TRUE(m.AddRequest(RequestId(id), prompt, {}).ok());
   auto a = m.Allocate(RequestId(id), static_cast<int32_t>(prompt.size()));
   EXPECT_TRUE(a.ok() && *a == AllocOutcome::kAllocated);
-  for (int i = 0; i < 100 && !m.IsReady(RequestId(id)); ++i) m.Poll();
+  for (int i = 0; i < 20000 && !m.IsReady(RequestId(id)); ++i) {  // a disk load takes real time
+    m.Poll();
+    if (i >= 100) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   EXPECT_TRUE(m.IsReady(RequestId(id)));
   const int32_t cached = m.CachedTokens(RequestId(id));
   EXPECT_TRUE(m.Commit(RequestId(id), prompt).ok());
@@ -177,6 +245,78 @@ TEST(HierarchyPolicyTest, ScanResistanceCarriesIntoTheHost) {
     EXPECT_EQ(s->mgr->Match(hot, {}).device_tokens, 0) << "the scan went through the device";
     EXPECT_EQ(RunOnce(*s->mgr, 4, hot), policy == "s3fifo" ? 8 : 0);
     const Status c = s->mgr->device_pool().CheckConsistency();
+    EXPECT_TRUE(c.ok()) << c.message();
+  }
+}
+
+// The same through three tiers: device 4, exclusive host 2, a real
+// exclusive disk tier 8 blocks. The reused prompt's blocks go down to the
+// disk during the scan; S3-FIFO keeps them there (the disk ranks them with
+// the history they gathered on the device), LRU does not. With the policy
+// over device and host only, the disk's own policy took them as new blocks
+// and the scan evicted one (4 of the 8 tokens served).
+TEST(HierarchyPolicyTest, ScanResistanceCarriesDownToTheDisk) {
+  constexpr uint64_t kDiskBlockBytes = 4096;  // the disk store's minimum
+  for (const std::string policy : {"s3fifo", "lru"}) {
+    SCOPED_TRACE(policy);
+    const std::string dir = testing::MakeDirectIoTempDir("strata-hier-");
+    ASSERT_FALSE(dir.empty()) << "no filesystem here takes O_DIRECT";
+    ManualClock clock;
+    std::vector<uint8_t> device(4 * kDiskBlockBytes, 0);
+    HostStoreOptions ho;
+    ho.capacity_bytes = 2 * kDiskBlockBytes;
+    ho.block_bytes = kDiskBlockBytes;
+    ho.pin = false;
+    ho.eviction_policy = policy;
+    auto host = std::move(HostStore::Create(ho)).value();
+    DiskStoreOptions dopt;
+    dopt.directory = dir + "/disk";
+    dopt.block_bytes = kDiskBlockBytes;
+    dopt.capacity_bytes = 8 * kDiskBlockBytes;
+    dopt.slab_file_bytes = 8 * kDiskBlockBytes;
+    dopt.grow_bytes = 8 * kDiskBlockBytes;
+    dopt.eviction_policy = policy;
+    auto opened = DiskStore::Open(dopt);
+    ASSERT_TRUE(opened.ok()) << opened.error().ToString();
+    auto disk = std::move(opened).value();
+    KvManagerOptions o;
+    o.block_size = kBs;
+    o.num_device_blocks = 4;
+    o.block_bytes = kDiskBlockBytes;
+    o.ns = NamespaceDigest("hierarchy-test", "llama", "f16", kBs);
+    o.load_policy = LoadPolicy::kAlways;
+    o.eviction_policy = policy;
+    uint8_t* base = device.data();
+    auto mem = [base](BlockId id) { return base + id.value() * kDiskBlockBytes; };
+    std::vector<LowerTier> tiers = {{host.get(), WritePolicy::kExclusive, 0, 0},
+                                    {disk.get(), WritePolicy::kExclusive, 0, 0}};
+    auto mgr = std::move(KvManager::Create(o, mem, std::move(tiers), &clock)).value();
+    // Each request waits for the disk's writes, so the order is the same every run.
+    auto settle = [&] {
+      auto pending = [&] {
+        const auto t = mgr->stats().tiers[1];
+        return t.bytes_down / kDiskBlockBytes + t.writes_failed < t.writes;
+      };
+      for (int i = 0; i < 5000 && pending(); ++i) {
+        mgr->Poll();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    };
+    const auto hot = Seq(9, 1);
+    EXPECT_EQ(RunOnce(*mgr, 1, hot), 0);
+    EXPECT_EQ(RunOnce(*mgr, 2, hot), 8);
+    EXPECT_EQ(RunOnce(*mgr, 3, hot), 8);
+    for (uint64_t k = 0; k < 10; ++k) {
+      RunOnce(*mgr, 10 + k, Seq(9, 1000 + 100 * static_cast<int>(k)));
+      settle();
+    }
+    EXPECT_EQ(mgr->Match(hot, {}).device_tokens, 0) << "the scan went through the device";
+    EXPECT_EQ(host->CountPrefix(HashPrefix(o.ns, hot, kBs, {})), 0u) << "and through the host";
+    EXPECT_EQ(RunOnce(*mgr, 4, hot), policy == "s3fifo" ? 8 : 0);
+    if (policy == "s3fifo") {
+      EXPECT_EQ(mgr->stats().tiers[1].hits.blocks, 2u) << "loaded from the disk";
+    }
+    const Status c = mgr->device_pool().CheckConsistency();
     EXPECT_TRUE(c.ok()) << c.message();
   }
 }
