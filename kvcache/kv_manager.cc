@@ -290,6 +290,15 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
     for (auto b = hits.rbegin(); b != hits.rend(); ++b) pool_.Release(*b);
     return Status::Internal("kv manager: pool allocation failed after the capacity check");
   }
+  // The blocks this request loads stay in their tiers until their loads are
+  // submitted: the device's evictions go down first, and a write-back tier
+  // making room for them must not evict what is about to be read (it would
+  // be recomputed). Stores that cannot pin (the disk) are not asked again.
+  std::vector<std::pair<BlockStore*, BlockHash>> pinned;
+  for (size_t i = 0; i < h; ++i) {
+    BlockStore* store = mover_->tier(static_cast<size_t>(src[i])).store;
+    if (store->Pin(r.chain[d + i])) pinned.emplace_back(store, r.chain[d + i]);
+  }
   mover_->WriteBackEvicted(src);  // before the loads below overwrite evicted blocks
   r.table.clear();
   for (BlockId b : hits) r.table.push_back(static_cast<int32_t>(b.value()));
@@ -319,6 +328,7 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
       r.load_ok_until = std::min(r.load_ok_until, index);
     }
   }
+  for (const auto& [store, hash] : pinned) store->Unpin(hash);
   if (r.loads_pending == 0) FinishLoads(r);
   return AllocOutcome::kAllocated;
 }

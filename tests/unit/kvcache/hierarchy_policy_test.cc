@@ -249,6 +249,31 @@ TEST(HierarchyPolicyTest, ScanResistanceCarriesIntoTheHost) {
   }
 }
 
+// A write-back host tier that makes room for the device's evictions must
+// not evict the blocks the request evicting them is about to load: the
+// request pins them until its loads are submitted. Device 2 blocks, host 2:
+// B and C go down to the host, then D evicts into the full host while B is
+// loaded back; unpinned, B was the host's least recently used block, its
+// load failed and it was recomputed.
+TEST(HierarchyPolicyTest, AWriteBackTierKeepsWhatTheRequestLoads) {
+  for (const std::string policy : {"lru", "s3fifo"}) {
+    SCOPED_TRACE(policy);
+    auto s = MakeStack(policy, /*device_blocks=*/2, /*host_blocks=*/2, WritePolicy::kWriteBack);
+    auto prompt = [](int k) {
+      auto p = Seq(kBs, 100 * k);
+      p.push_back(7);
+      return p;
+    };
+    for (int k : {1, 2, 3, 4}) EXPECT_EQ(RunOnce(*s->mgr, static_cast<uint64_t>(k), prompt(k)), 0);
+    ASSERT_EQ(s->host->stats().blocks, 2u);
+    ASSERT_EQ(s->host->CountPrefix(HashPrefix(s->mgr->options().ns, prompt(2), kBs, {})), 1u);
+    EXPECT_EQ(RunOnce(*s->mgr, 5, prompt(2)), kBs) << "B loaded from the host";
+    EXPECT_EQ(s->mgr->stats().tiers[0].loads_failed, 0u);
+    EXPECT_EQ(s->host->stats().blocks, 2u);
+    EXPECT_EQ(s->mgr->device_pool().stats().in_use, 0);
+  }
+}
+
 // The same through three tiers: device 4, exclusive host 2, a real
 // exclusive disk tier 8 blocks. The reused prompt's blocks go down to the
 // disk during the scan; S3-FIFO keeps them there (the disk ranks them with
