@@ -192,6 +192,7 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
       "instance.disk_read_bytes_per_s", "instance.disk_write_bytes_per_s", "instance.disk_admit_after",
       "instance.remote", "instance.remote_read_bytes_per_s", "instance.remote_latency_us",
       "instance.host_write_policy", "instance.disk_write_policy", "instance.eviction_policy", "instance.host_eviction_policy",
+      "instance.disk_eviction_policy",
       "instance.max_num_seqs",
       "instance.max_batch_tokens", "instance.cost.a", "instance.cost.b", "instance.cost.c", "instance.cost.d",
       "instance.cost.e", "instance.cost.f", "instance.cost.calibrated", "slower.instances", "slower.factor", "slower.role",
@@ -262,6 +263,10 @@ Result<ClusterConfig> ParseClusterConfig(const Config& cfg, const std::string& b
                           cfg.GetString("instance.host_eviction_policy", ic.host_eviction_policy));
   if (!ic.host_eviction_policy.empty() && !kvcache::IsEvictionPolicy(ic.host_eviction_policy))
     return kvcache::MakeEvictionPolicy(ic.host_eviction_policy, 0).status().WithContext(origin + ": instance.host_eviction_policy");
+  STRATA_ASSIGN_OR_RETURN(ic.disk_eviction_policy,
+                          cfg.GetString("instance.disk_eviction_policy", ic.disk_eviction_policy));
+  if (!ic.disk_eviction_policy.empty() && !kvcache::IsEvictionPolicy(ic.disk_eviction_policy))
+    return kvcache::MakeEvictionPolicy(ic.disk_eviction_policy, 0).status().WithContext(origin + ": instance.disk_eviction_policy");
   STRATA_ASSIGN_OR_RETURN(ic.remote, cfg.GetBool("instance.remote", ic.remote));
   STRATA_RETURN_IF_ERROR(bw("instance.remote_read_bytes_per_s", &ic.remote_read_bytes_per_s));
   STRATA_ASSIGN_OR_RETURN(int64_t lat_us, cfg.GetInt("instance.remote_latency_us",

@@ -72,6 +72,7 @@ struct InstanceConfig {
   // (kvcache/eviction_policy.h; kv.eviction_policy live).
   std::string eviction_policy = kvcache::kDefaultEvictionPolicy;
   std::string host_eviction_policy;  // the host tier's; empty = eviction_policy
+  std::string disk_eviction_policy;  // the disk tier's; empty = eviction_policy
   bool remote = false;
   double remote_read_bytes_per_s = 0;  // 0 = instant
   double remote_latency_s = 0;

@@ -114,6 +114,7 @@ std::string SimReportJson(const SimOptions& o, const SimResult& r, const std::st
                   {"disk_write_policy", std::string(kvcache::WritePolicyName(ic.disk_write_policy))},
                   {"eviction_policy", ic.eviction_policy},
                   {"host_eviction_policy", ic.host_eviction_policy.empty() ? ic.eviction_policy : ic.host_eviction_policy},
+                  {"disk_eviction_policy", ic.disk_eviction_policy.empty() ? ic.eviction_policy : ic.disk_eviction_policy},
                   {"remote", ic.remote},
                   {"remote_read_bytes_per_s", ic.remote_read_bytes_per_s},
                   {"remote_latency_s", ic.remote_latency_s},

@@ -62,7 +62,8 @@ std::vector<kvcache::TierSpec> SimTierSpecs(const InstanceConfig& ic) {
     d.path = "(simulated)";
     d.admit_after = ic.disk_admit_after;
     d.write_policy = ic.disk_write_policy;
-    d.eviction_policy = ic.eviction_policy;  // as strata serve: kv.eviction_policy
+    // As strata serve: kv.tiers[].eviction_policy, else kv.eviction_policy.
+    d.eviction_policy = ic.disk_eviction_policy.empty() ? ic.eviction_policy : ic.disk_eviction_policy;
     d.source = "instance.disk_bytes";
     specs.push_back(std::move(d));
   }

@@ -43,7 +43,7 @@ struct SimFlags {
   int disk_admit_after = -1;
   std::string remote;  // "true" | "false": override the cluster pool; empty = keep
   std::string host_write_policy, disk_write_policy;  // overrides; empty = keep
-  std::string eviction_policy, host_eviction_policy;  // overrides; empty = keep
+  std::string eviction_policy, host_eviction_policy, disk_eviction_policy;  // overrides; empty = keep
   // Overrides of the cluster file / profile; empty or 0 = keep.
   int instances = 0;
   int prefill_instances = -1;  // -1: the cluster file's
@@ -155,6 +155,7 @@ int RunSimulate(const SimFlags& f) {
     o.cluster.instance.disk_write_policy = *kvcache::ParseWritePolicy(f.disk_write_policy);
   if (!f.eviction_policy.empty()) o.cluster.instance.eviction_policy = f.eviction_policy;  // checked by the flag
   if (!f.host_eviction_policy.empty()) o.cluster.instance.host_eviction_policy = f.host_eviction_policy;
+  if (!f.disk_eviction_policy.empty()) o.cluster.instance.disk_eviction_policy = f.disk_eviction_policy;
   o.unlimited_cache = f.unlimited_cache;
   o.serial = f.serial;
   o.concurrency = f.concurrency;
@@ -363,6 +364,11 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
   sim->add_option("--host-eviction-policy", f->host_eviction_policy,
                   "override the host tier's eviction policy (instance.host_eviction_policy; default: the device's); "
                   "the device and the host tier then share one policy of this name")
+      ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
+  sim->add_option("--disk-eviction-policy", f->disk_eviction_policy,
+                  "override the disk tier's eviction policy (instance.disk_eviction_policy; default: the device's); "
+                  "a write-back or exclusive disk with the host's policy name shares the host's one policy, "
+                  "another name keeps its own")
       ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
   sim->add_option("--remote", f->remote,
                   "override the cluster pool: true = each instance also reads the others' host and disk tiers "
