@@ -6,7 +6,9 @@
 # server's tiers: DEVICE_BLOCKS device blocks and HOST_BLOCKS host blocks
 # (the defaults hold ~10% of the unique blocks of the shared trace's first
 # 1,000 requests), the host tier's write policy the server's default unless
-# HOST_WRITE_POLICY is set. Prints per run the hit ratio (tokens), TTFT
+# HOST_WRITE_POLICY is set; with DISK_BLOCKS > 0 also a disk tier of that
+# many blocks (a fresh directory under OUT_DIR per run), write policy
+# DISK_WRITE_POLICY (default exclusive). Prints per run the hit ratio (tokens), TTFT
 # p50/p90/mean and the run's length; then `strata bench simulate` of the
 # same configuration per policy (the hit ratio in blocks that the live run
 # should reproduce; requests over the model's context are skipped in both).
@@ -16,7 +18,7 @@
 #   OUT_DIR), TRACE (../shared/traces/synthetic_trace.jsonl), POLICIES
 #   ("lru s3fifo"), ROUNDS (3), MAX_REQUESTS (1000), DEVICE_BLOCKS (400),
 #   HOST_BLOCKS (1600), HOST_WRITE_POLICY (unset: the server's default),
-#   THREADS (2).
+#   DISK_BLOCKS (0), DISK_WRITE_POLICY (exclusive), THREADS (2).
 # Exit status 0; non-zero on a failure. Needs python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +32,8 @@ ROUNDS=${ROUNDS:-3}
 MAX_REQUESTS=${MAX_REQUESTS:-1000}
 DEVICE_BLOCKS=${DEVICE_BLOCKS:-400}
 HOST_BLOCKS=${HOST_BLOCKS:-1600}
+DISK_BLOCKS=${DISK_BLOCKS:-0}
+DISK_WRITE_POLICY=${DISK_WRITE_POLICY:-exclusive}
 THREADS=${THREADS:-2}
 MODEL=${MODEL:-$OUT/bench-110m-q8_0.gguf}
 if [ ! -f "$MODEL" ]; then
@@ -55,9 +59,15 @@ for round in $(seq 1 "$ROUNDS"); do
   for p in "${order[@]}"; do
     tag="r$round-$p"
     rm -f "$OUT/$tag.port"
+    DISK=()
+    if [ "$DISK_BLOCKS" -gt 0 ]; then
+      rm -rf "$OUT/$tag.disk"
+      DISK=(--kv-disk-path "$OUT/$tag.disk" --kv-disk-bytes $((DISK_BLOCKS * BLOCK_BYTES))
+            --kv-disk-write-policy "$DISK_WRITE_POLICY")
+    fi
     "$STRATA" serve --model "$MODEL" --port 0 --grpc-port -1 --port-file "$OUT/$tag.port" --threads "$THREADS" \
       --kv-block-size 16 --kv-device-bytes $((DEVICE_BLOCKS * BLOCK_BYTES)) \
-      --kv-host-bytes $((HOST_BLOCKS * BLOCK_BYTES)) "${WRITE[@]}" --kv-eviction-policy "$p" \
+      --kv-host-bytes $((HOST_BLOCKS * BLOCK_BYTES)) "${WRITE[@]}" "${DISK[@]}" --kv-eviction-policy "$p" \
       --log-level warn > "$OUT/$tag.serve.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
@@ -68,6 +78,7 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "$(( $(date +%s) - start ))" > "$OUT/$tag.seconds"
     kill -TERM "$pid"
     wait "$pid" || true
+    rm -rf "$OUT/$tag.disk"
   done
 done
 
@@ -89,6 +100,7 @@ for p in "${policies[@]}"; do
   if [ -n "${HOST_WRITE_POLICY:-}" ]; then sim_write=(--host-write-policy "$HOST_WRITE_POLICY"); fi
   "$STRATA" bench simulate --trace "$TRACE" --instances 1 --serial --max-requests "$MAX_REQUESTS" \
     --max-model-len "$CTX" --tokens-per-hash-id 16 --device-bytes $((DEVICE_BLOCKS * BLOCK_BYTES)) --host-bytes $((HOST_BLOCKS * BLOCK_BYTES)) \
-    --disk-bytes 0 "${sim_write[@]}" --kv-eviction-policy "$p" --json > "$OUT/sim-$p.json"
+    --disk-bytes $((DISK_BLOCKS * BLOCK_BYTES)) --disk-write-policy "$DISK_WRITE_POLICY" \
+    "${sim_write[@]}" --kv-eviction-policy "$p" --json > "$OUT/sim-$p.json"
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(f'  {sys.argv[2]:<10} hit_ratio_blocks {j[\"hit_ratio_blocks\"]:.4f}  flat LRU {j[\"lru_hit_ratio_blocks\"]:.4f}  Belady {j[\"belady_hit_ratio_blocks\"]:.4f}')" "$OUT/sim-$p.json" "$p"
 done
