@@ -33,8 +33,9 @@ Status CheckOptions(const KvManagerOptions& options, const Clock* clock) {
 // The lower tiers one policy spans with the device: from the first, each
 // that can take a policy from outside (a host, a disk or a simulated tier),
 // runs the first one's policy name and, below the first, is write-back or
-// exclusive; a remote tier, or one that cannot, ends the run. Asks each store by a factory that records its slots and
-// fails, so that nothing is replaced yet.
+// exclusive; a remote tier, or one that cannot, ends the run. Each store is
+// asked with a factory that records its slots and fails, so nothing is
+// replaced yet.
 std::vector<int32_t> HierarchyTiers(const std::vector<LowerTier>& lowers, std::string* name, Status* error) {
   std::vector<int32_t> slots;
   for (const LowerTier& t : lowers) {
@@ -293,7 +294,7 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
   // The blocks this request loads stay in their tiers until their loads are
   // submitted: the device's evictions go down first, and a write-back tier
   // making room for them must not evict what is about to be read (it would
-  // be recomputed). Stores that cannot pin (the disk) are not asked again.
+  // be recomputed). A store that cannot pin (the disk) answers false.
   std::vector<std::pair<BlockStore*, BlockHash>> pinned;
   for (size_t i = 0; i < h; ++i) {
     BlockStore* store = mover_->tier(static_cast<size_t>(src[i])).store;
