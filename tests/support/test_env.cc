@@ -56,9 +56,10 @@ std::string MakeTempDir(const std::string& prefix) {
 }
 
 std::string MakeDirectIoTempDir(const std::string& prefix) {
-  const char* tmp = std::getenv("TMPDIR");
-  for (const std::string& base : {std::string(tmp != nullptr && *tmp ? tmp : "/tmp"), std::string("/var/tmp"),
-                                 std::string("/tmp"), std::string(".")}) {
+  std::vector<std::string> bases;
+  if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp) bases.emplace_back(tmp);
+  for (const char* b : {"/var/tmp", "/tmp", "."}) bases.emplace_back(b);
+  for (const std::string& base : bases) {
     std::vector<char> buf;
     for (char c : base + "/" + prefix + "XXXXXX") buf.push_back(c);
     buf.push_back('\0');

@@ -16,29 +16,17 @@
 #include "common/sha256.h"
 #include "kvcache/eviction_policy.h"
 #include "tests/support/block_data.h"
+#include "tests/support/test_env.h"
 #include "tests/support/test_memory.h"
 
 namespace strata::kvcache {
 namespace {
 
-// A temp dir on a filesystem with O_DIRECT (/var/tmp, /tmp, else the cwd).
+// A temp dir on a filesystem with O_DIRECT (testing::MakeDirectIoTempDir),
+// removed when the test ends.
 class TempDir {
  public:
-  TempDir() {
-    for (const char* base : {"/var/tmp", "/tmp", "."}) {
-      std::string tmpl = std::string(base) + "/strata-disk-XXXXXX";
-      if (mkdtemp(tmpl.data()) == nullptr) continue;
-      std::string probe = tmpl + "/probe";
-      int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
-      if (fd >= 0) {
-        close(fd);
-        unlink(probe.c_str());
-        path_ = tmpl;
-        return;
-      }
-      std::filesystem::remove_all(tmpl);
-    }
-  }
+  TempDir() : path_(testing::MakeDirectIoTempDir("strata-disk-")) {}
   ~TempDir() {
     std::error_code ec;
     if (!path_.empty()) std::filesystem::remove_all(path_, ec);

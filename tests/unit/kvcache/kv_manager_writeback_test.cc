@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
+#include "tests/support/test_env.h"
 #include "tests/support/test_memory.h"
 #include <stdlib.h>
 #include <unistd.h>
@@ -37,24 +38,11 @@ std::vector<int32_t> Seq(int n, int first) {
 
 uint8_t Pattern(int seed, size_t block, uint64_t k) { return static_cast<uint8_t>(seed * 7 + block * 31 + k * 13); }
 
-// A temp dir on a filesystem with O_DIRECT (/var/tmp, /tmp, else the cwd).
+// A temp dir on a filesystem with O_DIRECT (testing::MakeDirectIoTempDir),
+// removed when the test ends.
 class TempDir {
  public:
-  TempDir() {
-    for (const char* base : {"/var/tmp", "/tmp", "."}) {
-      std::string tmpl = std::string(base) + "/strata-wb-XXXXXX";
-      if (mkdtemp(tmpl.data()) == nullptr) continue;
-      std::string probe = tmpl + "/probe";
-      int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
-      if (fd >= 0) {
-        close(fd);
-        unlink(probe.c_str());
-        path_ = tmpl;
-        return;
-      }
-      std::filesystem::remove_all(tmpl);
-    }
-  }
+  TempDir() : path_(testing::MakeDirectIoTempDir("strata-wb-")) {}
   ~TempDir() {
     std::error_code ec;
     if (!path_.empty()) std::filesystem::remove_all(path_, ec);
