@@ -122,12 +122,17 @@ class HierarchyTierView final : public EvictionPolicy {
     }
     h_->TierLeft(tier_, slot, evicted);
   }
-  // The last tier: P's victim among the blocks only it holds. When every
-  // evictable block of it is also held above (a write-through tier no larger
-  // than the tiers above), and in a tier above another: the least recently
-  // stored or read block that is not kept (cache_ttl_seconds), else the least
-  // recently stored or read.
+  // The last tier: with copies_first, its least recently made copy of a
+  // block held above that is not kept (cache_ttl_seconds); then P's victim
+  // among the blocks only it holds. When every evictable block of it is
+  // also held above (a write-through tier no larger than the tiers above),
+  // and in a tier above another: the least recently stored or read block
+  // that is not kept, else the least recently stored or read.
   int32_t Victim() override {
+    if (last_) {
+      for (int32_t i = h_->copies_.Front(); i != LruList::kNone; i = h_->copies_.Next(i))
+        if (keep_until(i) <= now_) return i;
+    }
     const int32_t e = last_ ? h_->p_->Victim() : -1;
     if (e < 0) {
       for (int32_t i = fallback_.Front(); i != LruList::kNone; i = fallback_.Next(i))
@@ -155,6 +160,7 @@ class HierarchyTierView final : public EvictionPolicy {
       for (int32_t i = fallback_.Front(); i != LruList::kNone; i = fallback_.Next(i)) out.push_back(i);
       return out;
     }
+    for (int32_t i = h_->copies_.Front(); i != LruList::kNone; i = h_->copies_.Next(i)) out.push_back(i);
     for (int32_t e : h_->p_->Order()) {
       const auto& x = h_->entries_[static_cast<size_t>(e)];
       const int32_t s = x.tier_slot[tier_];
@@ -188,7 +194,7 @@ class HierarchyTierView final : public EvictionPolicy {
 // ------------------------------------------------------------------- core
 
 Result<std::shared_ptr<HierarchyPolicy>> HierarchyPolicy::Create(std::string_view name, int32_t device_slots,
-                                                                 std::vector<int32_t> tier_slots) {
+                                                                 std::vector<int32_t> tier_slots, bool copies_first) {
   if (tier_slots.empty() || tier_slots.size() > kMaxTiers)
     return Status::InvalidArgument("hierarchy policy: 1 to " + std::to_string(kMaxTiers) + " lower tiers");
   // P's size is the tiers' (its ghost lists and histories scale with it, as
@@ -204,12 +210,15 @@ Result<std::shared_ptr<HierarchyPolicy>> HierarchyPolicy::Create(std::string_vie
   if (cap > INT32_MAX) return Status::InvalidArgument("hierarchy policy: too many slots");
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, MakeEvictionPolicy(name, static_cast<int32_t>(cap)));
   return std::shared_ptr<HierarchyPolicy>(
-      new HierarchyPolicy(std::move(p), static_cast<int32_t>(cap), device_slots, tier_slots));
+      new HierarchyPolicy(std::move(p), static_cast<int32_t>(cap), device_slots, tier_slots, copies_first));
 }
 
 HierarchyPolicy::HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t entries, int32_t device_slots,
-                                 const std::vector<int32_t>& tier_slots)
-    : p_(std::move(p)), device_entry_(static_cast<size_t>(device_slots), -1) {
+                                 const std::vector<int32_t>& tier_slots, bool copies_first)
+    : p_(std::move(p)),
+      device_entry_(static_cast<size_t>(device_slots), -1),
+      copies_first_(copies_first),
+      copies_(copies_first ? tier_slots.back() : 0) {
   for (int32_t t : tier_slots)
     tiers_.push_back(Tier{.entry = std::vector<int32_t>(static_cast<size_t>(t), -1),
                           .evictable = std::vector<bool>(static_cast<size_t>(t), false)});
@@ -286,6 +295,17 @@ void HierarchyPolicy::SetPlace(int32_t e) {
   const bool candidate = Candidate(x);
   p_->SetAbove(e, !candidate);
   if (candidate) p_->SetEvictable(e, tiers_.back().evictable[static_cast<size_t>(x.tier_slot[tiers_.size() - 1])]);
+  UpdateCopy(e);
+}
+
+void HierarchyPolicy::UpdateCopy(int32_t e) {
+  if (!copies_first_ || e < 0) return;
+  const Entry& x = entries_[static_cast<size_t>(e)];
+  const int32_t s = x.tier_slot[tiers_.size() - 1];
+  if (s < 0) return;
+  const bool copy = tiers_.back().evictable[static_cast<size_t>(s)] && !Candidate(x);
+  if (copy && !copies_.Contains(s)) copies_.PushBack(s);
+  if (!copy && copies_.Contains(s)) copies_.Remove(s);
 }
 
 BlockTraits HierarchyPolicy::Translate(const BlockTraits& traits, const std::vector<int32_t>& slot_entry) const {
@@ -314,6 +334,7 @@ void HierarchyPolicy::DeviceNamed(int32_t device_slot, const BlockTraits& traits
   }
   p_->SetAbove(e, true);
   device_entry_[static_cast<size_t>(device_slot)] = e;
+  UpdateCopy(e);
 }
 
 void HierarchyPolicy::DeviceUsed(int32_t device_slot) {
@@ -363,6 +384,7 @@ void HierarchyPolicy::TierLeft(size_t tier, int32_t tier_slot, bool evicted) {
   const int32_t e = t.entry[u];
   t.entry[u] = -1;
   t.evictable[u] = false;
+  if (copies_first_ && tier + 1 == tiers_.size() && copies_.Contains(tier_slot)) copies_.Remove(tier_slot);
   if (e < 0) return;
   Entry& x = entries_[static_cast<size_t>(e)];
   x.tier_slot[tier] = -1;
@@ -423,6 +445,11 @@ Status HierarchyPolicy::CheckConsistency() const {
     if (p_->above(e) == candidate) return bad("entry " + std::to_string(i) + " has the wrong place in P");
     if (candidate && p_->evictable(e) != tiers_[last].evictable[static_cast<size_t>(x.tier_slot[last])])
       return bad("entry " + std::to_string(i) + ": P and the tier disagree on whether it is evictable");
+    if (copies_first_ && x.tier_slot[last] >= 0) {
+      const int32_t s = x.tier_slot[last];
+      if (copies_.Contains(s) != (!candidate && tiers_[last].evictable[static_cast<size_t>(s)]))
+        return bad("entry " + std::to_string(i) + ": the last tier's list of copies is wrong");
+    }
   }
   if (used + free_entries_.size() != entries_.size()) return bad("entries lost");
   size_t transit = 0;

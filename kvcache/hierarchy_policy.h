@@ -18,13 +18,21 @@
 //   - a demoted block keeps its entry when a tier below stores it (in the
 //     last tier the entry becomes a candidate), and when it is promoted;
 //   - the last tier evicts P's victim among the blocks only it holds: in an
-//     exclusive chain, the one block that leaves the hierarchy.
+//     exclusive chain, the one block that leaves the hierarchy. Created
+//     with `copies_first` (a write-through last tier, which the tier
+//     manager then also hands the blocks the level above drops that it
+//     lacks), it first evicts its copies of blocks a tier above or the
+//     device holds, least recently stored or read first: a copy costs
+//     nothing to drop while the block is above, and comes back down when
+//     the level above drops it; so the last tier holds what no tier above
+//     does, as an exclusive one, and still takes every block when it is
+//     computed (docs/kv-cache.md, "Write-through in the one policy").
 // With `lru` in an exclusive hierarchy this is the same cache as before
 // (every tier demotes in last-use order, which is P's order); with the
 // others it is the flat policy of the total size, less what the upper
-// tiers hold. Under write-through the last tier may hold copies of blocks
-// above: it evicts those (least recently stored or read first, kept ones
-// last) only when it holds nothing else.
+// tiers hold. Without copies_first, a last tier that holds copies of
+// blocks above (a write-through host) evicts those (least recently stored
+// or read first, kept ones last) only when it holds nothing else.
 //
 // A block a tier drops that no tier holds and whose write into a tier
 // below may come (queued, deferred or dropped) is in transit: held above,
@@ -51,6 +59,7 @@
 
 #include "common/status.h"
 #include "kvcache/eviction_policy.h"
+#include "kvcache/lru_list.h"
 
 namespace strata::kvcache {
 
@@ -64,7 +73,8 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
   // InvalidArgument for an unknown name, negative sizes, no tier or more
   // than kMaxTiers.
   static Result<std::shared_ptr<HierarchyPolicy>> Create(std::string_view name, int32_t device_slots,
-                                                         std::vector<int32_t> tier_slots);
+                                                         std::vector<int32_t> tier_slots,
+                                                         bool copies_first = false);
   // One lower tier.
   static Result<std::shared_ptr<HierarchyPolicy>> Create(std::string_view name, int32_t device_slots,
                                                          int32_t tier_slots) {
@@ -93,7 +103,7 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
   friend class HierarchyTierView;
   // `entries`: P's capacity (Create says why it is what it is).
   HierarchyPolicy(std::unique_ptr<EvictionPolicy> p, int32_t entries, int32_t device_slots,
-                  const std::vector<int32_t>& tier_slots);
+                  const std::vector<int32_t>& tier_slots, bool copies_first);
 
   struct Entry {
     Entry() { tier_slot.fill(-1); }
@@ -121,7 +131,10 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
   bool Held(const Entry& x) const;
   int32_t NewEntry(uint64_t key);
   void FreeEntry(int32_t e, bool evicted);
-  void SetPlace(int32_t e);  // P's above flag from where the entry is
+  void SetPlace(int32_t e);  // P's above flag from where the entry is, and UpdateCopy
+  // copies_first: whether the entry's last-tier slot is an evictable copy
+  // of a block held above, in copies_ (least recently made one first).
+  void UpdateCopy(int32_t e);
   BlockTraits Translate(const BlockTraits& traits, const std::vector<int32_t>& slot_entry) const;
 
   std::unique_ptr<EvictionPolicy> p_;
@@ -134,6 +147,8 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
   size_t num_in_transit_ = 0;
   void SetInTransit(int32_t e, bool in_transit);
   bool device_view_made_ = false;
+  bool copies_first_ = false;
+  LruList copies_;  // copies_first: the last tier's evictable slots whose block is held above
 };
 
 }  // namespace strata::kvcache

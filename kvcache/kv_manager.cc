@@ -31,19 +31,15 @@ Status CheckOptions(const KvManagerOptions& options, const Clock* clock) {
 }
 
 // The lower tiers one policy spans with the device: from the first, each
-// that can take a policy from outside (a host, a disk or a simulated tier),
-// runs the first one's policy name and, below the first, is write-back or
-// exclusive; a remote tier, or one that cannot, ends the run. Each store is
-// asked with a factory that records its slots and fails, so nothing is
-// replaced yet.
+// that can take a policy from outside (a host, a disk or a simulated tier)
+// and runs the first one's policy name; a write-through tier below the
+// first is the last one (DevicePolicy); a remote tier, or one that cannot,
+// ends the run. Each store is asked with a factory that records its slots
+// and fails, so nothing is replaced yet.
 std::vector<int32_t> HierarchyTiers(const std::vector<LowerTier>& lowers, std::string* name, Status* error) {
   std::vector<int32_t> slots;
   for (const LowerTier& t : lowers) {
     if (slots.size() == HierarchyPolicy::kMaxTiers || t.store == nullptr || t.store->kind() == TierKind::kRemote) break;
-    // Below the first, only a tier that holds what the tiers above drop: a
-    // write-through tier under a host tier keeps its own policy (measured
-    // better there: docs/simulator.md, "Device + host + disk").
-    if (!slots.empty() && t.write_policy == WritePolicy::kWriteThrough) break;
     int32_t n = -1;
     std::string policy;
     const Status s = t.store->ReplaceEvictionPolicy(
@@ -60,6 +56,7 @@ std::vector<int32_t> HierarchyTiers(const std::vector<LowerTier>& lowers, std::s
     if (!slots.empty() && policy != *name) break;
     if (slots.empty()) *name = policy;
     slots.push_back(n);
+    if (slots.size() > 1 && t.write_policy == WritePolicy::kWriteThrough) break;
   }
   return slots;
 }
@@ -68,16 +65,30 @@ std::vector<int32_t> HierarchyTiers(const std::vector<LowerTier>& lowers, std::s
 // names share one (kvcache/hierarchy_policy.h), under the first tier's
 // policy name (which kv.eviction_policy defaults), whatever their write
 // policies; with none the pool has its own.
-Result<std::unique_ptr<EvictionPolicy>> DevicePolicy(const KvManagerOptions& options,
-                                                     const std::vector<LowerTier>& lowers,
+// A write-through last tier of the one policy below the first evicts its
+// copies of blocks held above first and takes the blocks the level above
+// drops (sets LowerTier::takes_drops): the tiers then hold each block once, as an
+// exclusive chain does, while every computed block still reaches the tier
+// when computed (docs/simulator.md, "Write-through in the one policy").
+Result<std::unique_ptr<EvictionPolicy>> DevicePolicy(const KvManagerOptions& options, std::vector<LowerTier>& lowers,
                                                      std::shared_ptr<HierarchyPolicy>* hierarchy) {
   std::string name;
   Status error = Status::Ok();
   const std::vector<int32_t> slots = HierarchyTiers(lowers, &name, &error);
   STRATA_RETURN_IF_ERROR(error);
   if (slots.empty()) return MakeEvictionPolicy(options.eviction_policy, options.num_device_blocks);
+  // Below the first tier only (a disk under a host). A host right under the
+  // device keeps the older rule (its copies last, no drops taken): with
+  // copies first, the device's drops filled its few slots and, those busy
+  // with loads, its write-through writes failed (EnginePressureTest).
+  // A write-back last tier drops its copies first too (it keeps the copy of
+  // a block a load promoted); an exclusive one holds none for long.
+  LowerTier& last = lowers[slots.size() - 1];
+  const bool copies_first = slots.size() > 1 && (last.write_policy == WritePolicy::kWriteThrough ||
+                                                 last.write_policy == WritePolicy::kWriteBack);
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<HierarchyPolicy> h,
-                          HierarchyPolicy::Create(name, options.num_device_blocks, slots));
+                          HierarchyPolicy::Create(name, options.num_device_blocks, slots, copies_first));
+  last.takes_drops = copies_first && last.write_policy == WritePolicy::kWriteThrough;
   for (size_t i = 0; i < slots.size(); ++i) {
     STRATA_RETURN_IF_ERROR(lowers[i].store->ReplaceEvictionPolicy(
         [&](int32_t, std::string_view) -> Result<std::unique_ptr<EvictionPolicy>> { return h->TierView(i); }));

@@ -114,6 +114,11 @@ struct LowerTier {
   // The tier's name in stats, the API and metrics (unique when the tier
   // registry built the chain); empty = the store's name().
   std::string name = {};
+  // Set by the KvManager, not by callers: a write-through tier that is the
+  // last of the one hierarchy policy also takes the blocks the level above
+  // drops when it lacks them, as a write-back tier does (it evicts its
+  // copies of blocks held above first: kvcache/hierarchy_policy.h).
+  bool takes_drops = false;
 };
 
 enum class AllocOutcome { kAllocated, kNotNow };

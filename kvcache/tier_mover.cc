@@ -9,8 +9,12 @@
 namespace strata::kvcache {
 
 namespace {
-// Tiers that receive blocks when the level above evicts them.
-bool IsWriteBack(WritePolicy p) { return p == WritePolicy::kWriteBack || p == WritePolicy::kExclusive; }
+// Tiers that receive blocks when the level above evicts them: write-back,
+// exclusive, and a write-through tier the KvManager marked (the last of the
+// one hierarchy policy, which evicts its copies first).
+bool IsWriteBack(const LowerTier& t) {
+  return t.write_policy == WritePolicy::kWriteBack || t.write_policy == WritePolicy::kExclusive || t.takes_drops;
+}
 
 // Loads from exclusive tiers submitted and not yet ended, over all tiers.
 uint64_t PromotionsInFlight(const std::vector<uint32_t>& per_tier) {
@@ -131,7 +135,7 @@ Status TierMover::Init() {
     ts.name = t.name;
     ts.kind = t.store->kind();
     stats_.tiers.push_back(std::move(ts));
-    if (IsWriteBack(t.write_policy)) any_writeback_ = true;
+    if (IsWriteBack(t)) any_writeback_ = true;
   }
   size_t max_staging = 0;
   if (any_writeback_ || !device_host_) {
@@ -145,7 +149,7 @@ Status TierMover::Init() {
     // A tier above a write-back tier passes its own evictions down.
     for (size_t i = 0; i + 1 < lowers_.size(); ++i) {
       bool below = false;
-      for (size_t j = i + 1; j < lowers_.size(); ++j) below = below || IsWriteBack(lowers_[j].write_policy);
+      for (size_t j = i + 1; j < lowers_.size(); ++j) below = below || IsWriteBack(lowers_[j]);
       if (below)
         lowers_[i].store->SetEvictionListener(
             [this, i](const BlockHash& h, const Region& data) { OnLowerEvicted(i, h, data); });
@@ -500,7 +504,7 @@ int32_t TierMover::AcquireStaging(bool may_poll) {
 
 bool TierMover::AdmitsWriteBack(size_t t, const BlockHash& h) {
   const LowerTier& tier = lowers_[t];
-  if (!IsWriteBack(tier.write_policy)) return false;
+  if (!IsWriteBack(tier)) return false;
   if (writes_in_flight_[t].contains(h) || tier.store->Contains(h)) return false;
   if (tier.admit_after > 0) {
     auto hc = hit_counts_.find(h);

@@ -170,8 +170,54 @@ TEST(HierarchyPolicyTest, ThreeTiersShareOneEntryPerBlock) {
   EXPECT_FALSE(HierarchyPolicy::Create("lru", 2, std::vector<int32_t>{1, 1, 1, 1, 1}).ok());
 }
 
+// A write-through last tier (copies_first): it evicts its copies of blocks
+// a tier above or the device holds before any block only it holds, least
+// recently made copy first; a copy whose block leaves the tiers above is a
+// block only it holds (P ranks it).
+TEST(HierarchyPolicyTest, AWriteThroughLastTierDropsItsCopiesFirst) {
+  auto h = std::move(HierarchyPolicy::Create("lru", 2, std::vector<int32_t>{2, 3}, /*copies_first=*/true)).value();
+  auto device = h->DeviceView();
+  auto host = h->TierView(0);
+  auto disk = h->TierView(1);
+  // 31: on the disk only (the host dropped it). 32: on the device and, as
+  // written through, on the disk. 33: in the host and on the disk.
+  device->Insert(0, Key(31), false);
+  disk->Insert(0, Key(31), true);
+  device->SetEvictable(0, true);
+  device->Erase(0, /*evicted=*/true);
+  device->Insert(0, Key(32), false);
+  disk->Insert(1, Key(32), true);
+  device->Insert(1, Key(33), false);
+  disk->Insert(2, Key(33), true);
+  device->SetEvictable(1, true);
+  device->Erase(1, /*evicted=*/true);
+  host->Insert(0, Key(33), true);
+  ExpectConsistent(*h);
+  EXPECT_EQ(disk->Victim(), 1) << "the oldest copy of a block held above goes first";
+  EXPECT_EQ(disk->Order(), (std::vector<int32_t>{1, 2, 0}));
+  disk->SetEvictable(1, false);  // being read
+  EXPECT_EQ(disk->Victim(), 2);
+  ExpectConsistent(*h);
+  disk->SetEvictable(1, true);
+  host->Erase(0, /*evicted=*/true);  // 33 now only on the disk: P's to rank
+  EXPECT_EQ(disk->Order(), (std::vector<int32_t>{1, 0, 2}));
+  ExpectConsistent(*h);
+  disk->Erase(1, /*evicted=*/true);
+  EXPECT_EQ(disk->Victim(), 0) << "no copies left: P's victim among the blocks only the disk holds";
+  ExpectConsistent(*h);
+  // The device drops 32, the disk took it back (its write-back).
+  device->SetEvictable(0, true);
+  device->Erase(0, /*evicted=*/true);
+  EXPECT_EQ(h->in_transit(), 1u);
+  disk->Insert(1, Key(32), true);
+  EXPECT_EQ(h->in_transit(), 0u);
+  EXPECT_EQ(disk->Order(), (std::vector<int32_t>{0, 2, 1}));
+  ExpectConsistent(*h);
+}
+
 constexpr int kBs = 4;
 constexpr uint64_t kBlockBytes = 64;
+
 
 std::vector<int32_t> Seq(int n, int first) {
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -183,11 +229,15 @@ struct Stack {
   ManualClock clock;
   std::vector<uint8_t> device;
   std::unique_ptr<HostStore> host;
+  std::unique_ptr<HostStore> third;  // a second host store below the first, or none
   std::unique_ptr<KvManager> mgr;
 };
 
+// third_blocks > 0: a third tier (a host store standing in for a disk) below
+// the host, with write policy third_write.
 std::unique_ptr<Stack> MakeStack(const std::string& policy, int32_t device_blocks, int32_t host_blocks,
-                                 WritePolicy write) {
+                                 WritePolicy write, int32_t third_blocks = 0,
+                                 WritePolicy third_write = WritePolicy::kWriteThrough) {
   auto s = std::make_unique<Stack>();
   s->device.assign(static_cast<size_t>(device_blocks) * kBlockBytes, 0);
   HostStoreOptions ho;
@@ -196,6 +246,10 @@ std::unique_ptr<Stack> MakeStack(const std::string& policy, int32_t device_block
   ho.pin = false;
   ho.eviction_policy = policy;
   s->host = std::move(HostStore::Create(ho)).value();
+  if (third_blocks > 0) {
+    ho.capacity_bytes = static_cast<uint64_t>(third_blocks) * kBlockBytes;
+    s->third = std::move(HostStore::Create(ho)).value();
+  }
   KvManagerOptions o;
   o.block_size = kBs;
   o.num_device_blocks = device_blocks;
@@ -206,6 +260,7 @@ std::unique_ptr<Stack> MakeStack(const std::string& policy, int32_t device_block
   uint8_t* base = s->device.data();
   auto mem = [base](BlockId id) { return base + id.value() * kBlockBytes; };
   std::vector<LowerTier> tiers = {{s->host.get(), write, 0, 0}};
+  if (s->third) tiers.push_back({s->third.get(), third_write, 0, 0});
   s->mgr = std::move(KvManager::Create(o, mem, std::move(tiers), &s->clock)).value();
   return s;
 }
@@ -346,15 +401,91 @@ TEST(HierarchyPolicyTest, ScanResistanceCarriesDownToTheDisk) {
   }
 }
 
+// Device 2 blocks, an exclusive host tier of 2 and a write-through third
+// tier of 4 (a host store standing in for the disk), 20 one-block prompts
+// used once each. The third tier takes every block when computed, drops
+// its copies of what the device and host hold first, and takes back what
+// the host drops: the tiers hold the last 6 prompts, not the 4 an
+// inclusive third tier held, and the oldest loads back.
+TEST(HierarchyPolicyTest, AWriteThroughThirdTierHoldsWhatTheTiersAboveDrop) {
+  for (const std::string policy : {"lru", "s3fifo"}) {
+    SCOPED_TRACE(policy);
+    ManualClock clock;
+    std::vector<uint8_t> device(2 * kBlockBytes, 0);
+    auto tier = [&](int32_t blocks) {
+      HostStoreOptions ho;
+      ho.capacity_bytes = static_cast<uint64_t>(blocks) * kBlockBytes;
+      ho.block_bytes = kBlockBytes;
+      ho.pin = false;
+      ho.eviction_policy = policy;
+      return std::move(HostStore::Create(ho)).value();
+    };
+    auto host = tier(2);
+    auto third = tier(4);
+    KvManagerOptions o;
+    o.block_size = kBs;
+    o.num_device_blocks = 2;
+    o.block_bytes = kBlockBytes;
+    o.ns = NamespaceDigest("hierarchy-test", "llama", "f16", kBs);
+    o.load_policy = LoadPolicy::kAlways;
+    o.eviction_policy = policy;
+    uint8_t* base = device.data();
+    auto mem = [base](BlockId id) { return base + id.value() * kBlockBytes; };
+    std::vector<LowerTier> tiers = {{host.get(), WritePolicy::kExclusive, 0, 0},
+                                    {third.get(), WritePolicy::kWriteThrough, 0, 0}};
+    auto mgr = std::move(KvManager::Create(o, mem, std::move(tiers), &clock)).value();
+    auto prompt = [](int k) {
+      auto p = Seq(kBs, 100 * k);
+      p.push_back(7);
+      return p;
+    };
+    for (int k = 1; k <= 20; ++k) EXPECT_EQ(RunOnce(*mgr, static_cast<uint64_t>(k), prompt(k)), 0);
+    int held = 0, twice = 0, oldest = 21;
+    for (int k = 1; k <= 20; ++k) {
+      const auto chain = HashPrefix(o.ns, prompt(k), kBs, {});
+      const int places = (mgr->Match(prompt(k), {}).device_tokens > 0) +
+                         static_cast<int>(host->CountPrefix(chain)) + static_cast<int>(third->CountPrefix(chain));
+      held += places > 0;
+      twice += places > 1;
+      if (places > 0) oldest = std::min(oldest, k);
+    }
+    // 15..20: the device's one cached block (20, also on the third tier:
+    // written through when computed, and no slot was needed since), the
+    // host's 2 and the third tier's 3 others. Inclusive, as before: 17..20.
+    EXPECT_EQ(held, 6);
+    EXPECT_EQ(oldest, 15);
+    EXPECT_EQ(twice, 1) << "only the copy of the block computed last";
+    EXPECT_EQ(third->stats().blocks, 4u);
+    EXPECT_GT(mgr->stats().tiers[1].writebacks, 0u) << "the host's drops went down";
+    EXPECT_EQ(RunOnce(*mgr, 100, prompt(oldest)), kBs) << "the oldest held prompt loads back";
+    EXPECT_EQ(mgr->stats().tiers[1].loads_failed + mgr->stats().tiers[0].loads_failed, 0u);
+    const Status c = mgr->device_pool().CheckConsistency();
+    EXPECT_TRUE(c.ok()) << c.message();
+  }
+}
+
 // Random prompts over shared heads, for every policy and write policy: the
 // pool, the tier and the shared policy stay consistent after every request,
 // the tier never holds more than its slots, nothing stays in transit, and
 // loaded blocks are the ones computed (the bytes are checked).
 TEST(HierarchyPolicyTest, RandomizedInvariants) {
+  struct Config {
+    WritePolicy host;
+    int32_t third_blocks;
+    WritePolicy third;
+  };
+  const Config configs[] = {{WritePolicy::kExclusive, 0, WritePolicy::kNone},
+                            {WritePolicy::kWriteThrough, 0, WritePolicy::kNone},
+                            {WritePolicy::kWriteBack, 0, WritePolicy::kNone},
+                            {WritePolicy::kExclusive, 12, WritePolicy::kWriteThrough},
+                            {WritePolicy::kExclusive, 12, WritePolicy::kWriteBack},
+                            {WritePolicy::kWriteThrough, 12, WritePolicy::kWriteThrough}};
   for (const std::string& policy : EvictionPolicyNames()) {
-    for (WritePolicy write : {WritePolicy::kExclusive, WritePolicy::kWriteThrough, WritePolicy::kWriteBack}) {
-      SCOPED_TRACE(policy + " write policy " + std::to_string(static_cast<int>(write)));
-      auto s = MakeStack(policy, 6, 10, write);
+    for (const Config& cfg : configs) {
+      const WritePolicy write = cfg.host;
+      SCOPED_TRACE(policy + " write policy " + std::to_string(static_cast<int>(write)) + ", third tier " +
+                   std::to_string(cfg.third_blocks) + " " + std::to_string(static_cast<int>(cfg.third)));
+      auto s = MakeStack(policy, 6, 10, write, cfg.third_blocks, cfg.third);
       uint64_t rng = 99;
       auto next = [&rng](uint64_t n) {
         rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -398,6 +529,11 @@ TEST(HierarchyPolicyTest, RandomizedInvariants) {
         ASSERT_TRUE(c.ok()) << "request " << id << ": " << c.message();
         ASSERT_TRUE(s->host->policy().CheckConsistency().ok());
         ASSERT_LE(s->host->stats().blocks, 10u);
+        if (s->third) {
+          const Status t = s->third->policy().CheckConsistency();
+          ASSERT_TRUE(t.ok()) << "request " << id << ": " << t.message();
+          ASSERT_LE(s->third->stats().blocks, 12u);
+        }
       }
       EXPECT_GT(served, 0);
       EXPECT_EQ(s->mgr->device_pool().stats().in_use, 0);
