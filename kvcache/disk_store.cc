@@ -90,6 +90,11 @@ class DiskStoreImpl final : public DiskStore {
   // no other block is evictable (an ask for a block still being written is
   // remembered until its write completes).
   void KeepFor(const BlockHash& h, int64_t nanos) override;
+  // A pinned block is not the policy's victim, and its slot is not reused
+  // until the last Unpin (a Remove or Flush meanwhile drops its entry, as
+  // for a block being read).
+  bool Pin(const BlockHash& h) override;
+  void Unpin(const BlockHash& h) override;
   std::vector<BlockHash> HeldBlocks() const override {
     std::vector<BlockHash> out;
     out.reserve(entries_.size());
@@ -171,6 +176,11 @@ class DiskStoreImpl final : public DiskStore {
   uint32_t next_fresh_ = 0;  // every slot >= this is free
   std::unordered_map<uint32_t, uint32_t> slot_readers_;
   std::unordered_set<uint32_t> deferred_free_;  // freed while being read
+  struct PinCount {
+    uint32_t slot = 0;
+    uint32_t count = 0;
+  };
+  std::unordered_map<BlockHash, PinCount, HashOfBlockHash> pins_;  // each pinned block holds one reader of its slot
 
   std::unordered_map<uint64_t, Op> ops_;
   std::unordered_map<BlockHash, uint64_t, HashOfBlockHash> writing_;  // hash → op id
@@ -498,6 +508,33 @@ void DiskStoreImpl::FreeSlot(uint32_t slot) {
   }
   if (growth_disabled_ && !SlotBacked(slot)) return;  // no space behind it any more
   free_slots_.push_back(slot);
+}
+
+bool DiskStoreImpl::Pin(const BlockHash& h) {
+  auto it = entries_.find(h);
+  if (it == entries_.end()) return false;
+  const uint32_t slot = it->second.rec.slot;
+  auto [p, inserted] = pins_.emplace(h, PinCount{slot, 0});
+  if (!inserted && p->second.slot != slot) return false;  // an older copy of h, dropped while pinned
+  if (p->second.count++ == 0) {
+    ++slot_readers_[slot];
+    policy_->SetEvictable(static_cast<int32_t>(slot), false);
+  }
+  return true;
+}
+
+void DiskStoreImpl::Unpin(const BlockHash& h) {
+  auto it = pins_.find(h);
+  if (it == pins_.end()) return;
+  if (--it->second.count > 0) return;
+  const uint32_t slot = it->second.slot;
+  pins_.erase(it);
+  if (auto e = entries_.find(h); e != entries_.end() && e->second.rec.slot == slot)
+    policy_->SetEvictable(static_cast<int32_t>(slot), true);
+  if (auto r = slot_readers_.find(slot); r != slot_readers_.end() && --r->second == 0) {
+    slot_readers_.erase(r);
+    if (deferred_free_.erase(slot) != 0) FreeSlot(slot);
+  }
 }
 
 void DiskStoreImpl::KeepFor(const BlockHash& h, int64_t nanos) {

@@ -305,7 +305,7 @@ Result<AllocOutcome> KvManager::TakePrefix(RequestId id, Request& r, int32_t num
   // The blocks this request loads stay in their tiers until their loads are
   // submitted: the device's evictions go down first, and a write-back tier
   // making room for them must not evict what is about to be read (it would
-  // be recomputed). A store that cannot pin (the disk) answers false.
+  // be recomputed). A store that cannot pin (a remote tier) answers false.
   std::vector<std::pair<BlockStore*, BlockHash>> pinned;
   for (size_t i = 0; i < h; ++i) {
     BlockStore* store = mover_->tier(static_cast<size_t>(src[i])).store;

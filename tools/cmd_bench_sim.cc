@@ -367,7 +367,7 @@ void RegisterBenchSimulate(CLI::App* bench, int* exit_code) {
       ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
   sim->add_option("--disk-eviction-policy", f->disk_eviction_policy,
                   "override the disk tier's eviction policy (instance.disk_eviction_policy; default: the device's); "
-                  "a write-back or exclusive disk with the host's policy name shares the host's one policy, "
+                  "a disk with the host's policy name shares the host's one policy (any write policy), "
                   "another name keeps its own")
       ->check(CLI::IsMember(kvcache::EvictionPolicyNames()));
   sim->add_option("--remote", f->remote,

@@ -378,6 +378,44 @@ TEST(DiskStoreTest, ReplacedPolicyTakesTheHeldBlocksInOrder) {
   for (uint64_t i : {3, 0, 4, 5}) ExpectBlock(*s, i);
 }
 
+// BlockStore::Pin (a request about to load the block): a pinned block is
+// not evicted however old, pins nest, and a pinned block that is removed
+// keeps its slot (its bytes) until the last Unpin.
+TEST(DiskStoreTest, APinnedBlockIsNotEvictedAndKeepsItsSlot) {
+  TempDir dir;
+  DiskStoreOptions o = Opts(dir.path(), 16 << 10, 4);
+  o.eviction_policy = "lru";
+  auto s = MustOpen(o);
+  ASSERT_TRUE(s);
+  WriteBlocks(*s, {0, 1, 2, 3}, Ns(1));
+  EXPECT_FALSE(s->Pin(HashOf(9))) << "not held";
+  ASSERT_TRUE(s->Pin(HashOf(0)));
+  ASSERT_TRUE(s->Pin(HashOf(0)));
+  WriteBlocks(*s, {4}, Ns(1));
+  EXPECT_TRUE(s->Contains(HashOf(0))) << "the oldest, but pinned";
+  EXPECT_FALSE(s->Contains(HashOf(1)));
+  s->Unpin(HashOf(0));
+  WriteBlocks(*s, {5}, Ns(1));
+  EXPECT_TRUE(s->Contains(HashOf(0))) << "still pinned once";
+  EXPECT_FALSE(s->Contains(HashOf(2)));
+  s->Unpin(HashOf(0));  // evictable again, as a block just used (about to be read)
+  WriteBlocks(*s, {6}, Ns(1));
+  EXPECT_FALSE(s->Contains(HashOf(3)));
+  for (uint64_t i : {0, 4, 5, 6}) ExpectBlock(*s, i);
+
+  // Removed while pinned: gone from the index, its slot not reused yet.
+  ASSERT_TRUE(s->Pin(HashOf(4)));
+  ASSERT_TRUE(s->Remove(HashOf(4)).ok());
+  EXPECT_FALSE(s->Contains(HashOf(4)));
+  WriteBlocks(*s, {7}, Ns(1));  // 4 slots, one of them still 4's: 0 goes
+  EXPECT_FALSE(s->Contains(HashOf(0)));
+  EXPECT_EQ(s->stats().blocks, 3u);
+  s->Unpin(HashOf(4));
+  WriteBlocks(*s, {8}, Ns(1));  // takes 4's slot back: nothing evicted
+  for (uint64_t i : {5, 6, 7, 8}) ExpectBlock(*s, i);
+  EXPECT_EQ(s->stats().blocks, 4u);
+}
+
 // cache_ttl_seconds on the disk tier (BlockStore::KeepFor, real clock): a
 // kept block outlives blocks LRU would keep, whether the ask came after its
 // write or before the write completed; an ask that has expired keeps nothing.
