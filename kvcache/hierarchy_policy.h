@@ -19,14 +19,15 @@
 //     last tier the entry becomes a candidate), and when it is promoted;
 //   - the last tier evicts P's victim among the blocks only it holds: in an
 //     exclusive chain, the one block that leaves the hierarchy. Created
-//     with `copies_first` (a write-through last tier, which the tier
-//     manager then also hands the blocks the level above drops that it
-//     lacks), it first evicts its copies of blocks a tier above or the
-//     device holds, least recently stored or read first: a copy costs
-//     nothing to drop while the block is above, and comes back down when
-//     the level above drops it; so the last tier holds what no tier above
-//     does, as an exclusive one, and still takes every block when it is
-//     computed (docs/kv-cache.md, "Write-through in the one policy").
+//     with `copies_first` (a write-through or write-back last tier below a
+//     host; a write-through one is then also handed the blocks the level
+//     above drops that it lacks), it first evicts its copies of blocks a
+//     tier above or the device holds, the one that became a copy longest
+//     ago first: a copy costs nothing to drop while the block is above,
+//     and comes back down when the level above drops it; so the last tier
+//     holds what no tier above does, as an exclusive one, and still takes
+//     every block when it is computed (docs/simulator.md, "Write-through
+//     in the one policy").
 // With `lru` in an exclusive hierarchy this is the same cache as before
 // (every tier demotes in last-use order, which is P's order); with the
 // others it is the flat policy of the total size, less what the upper

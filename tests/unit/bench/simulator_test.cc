@@ -377,23 +377,31 @@ TEST(SimulatorTest, EvictionAndWritePoliciesReachTheTiers) {
   EXPECT_NEAR(s3_exclusive->hit_ratio_blocks, s3->hit_ratio_blocks, 1e-3);
 }
 
-// Device + host + an exclusive disk (10/30/60% of 5,000 blocks): with the
-// disk in the one policy (the same name), s3fifo serves at least what one
-// flat LRU cache of the total size serves; given its own policy
-// (instance.disk_eviction_policy: s3fifo under an lru pair, lru under an
-// s3fifo pair) the disk ranks what the host drops as new blocks.
-TEST(SimulatorTest, AnExclusiveDiskJoinsTheOnePolicyOfItsName) {
+// Device + host + a disk of write policy `write` (10/30/60% of 5,000
+// blocks, the first 2,000 requests) under s3fifo: the disk in the one
+// policy (*joined), and on its own lru policy (*own).
+void SimulateDiskJoinedAndOwn(kvcache::WritePolicy write, Result<SimResult>* joined, Result<SimResult>* own) {
   SimOptions o = OneBlockPerId();
   o.serial = true;
   o.max_requests = 2000;
   o.cluster.instance.device_bytes = Blocks(o, 500);
   o.cluster.instance.host_bytes = Blocks(o, 1500);
   o.cluster.instance.disk_bytes = Blocks(o, 3000);
-  o.cluster.instance.disk_write_policy = kvcache::WritePolicy::kExclusive;
+  o.cluster.instance.disk_write_policy = write;
   o.cluster.instance.eviction_policy = "s3fifo";
-  auto joined = Simulate(SharedTrace(), o);
+  *joined = Simulate(SharedTrace(), o);
   o.cluster.instance.disk_eviction_policy = "lru";
-  auto own = Simulate(SharedTrace(), o);
+  *own = Simulate(SharedTrace(), o);
+}
+
+// Device + host + an exclusive disk: with the disk in the one policy (the
+// same name), s3fifo serves at least what one flat LRU cache of the total
+// size serves; given its own policy (instance.disk_eviction_policy: s3fifo
+// under an lru pair, lru under an s3fifo pair) the disk ranks what the host
+// drops as new blocks.
+TEST(SimulatorTest, AnExclusiveDiskJoinsTheOnePolicyOfItsName) {
+  Result<SimResult> joined = Status::Internal("not run"), own = Status::Internal("not run");
+  SimulateDiskJoinedAndOwn(kvcache::WritePolicy::kExclusive, &joined, &own);
   ASSERT_TRUE(joined.ok() && own.ok());
   EXPECT_EQ(joined->reference_capacity_ids, 5000u);
   EXPECT_GE(joined->hit_ratio_blocks, joined->lru_hit_ratio_blocks);
@@ -409,17 +417,8 @@ TEST(SimulatorTest, AnExclusiveDiskJoinsTheOnePolicyOfItsName) {
 TEST(SimulatorTest, AWriteThroughOrWriteBackDiskHoldsEachBlockOnce) {
   for (const auto write : {kvcache::WritePolicy::kWriteThrough, kvcache::WritePolicy::kWriteBack}) {
     SCOPED_TRACE(static_cast<int>(write));
-    SimOptions o = OneBlockPerId();
-    o.serial = true;
-    o.max_requests = 2000;
-    o.cluster.instance.device_bytes = Blocks(o, 500);
-    o.cluster.instance.host_bytes = Blocks(o, 1500);
-    o.cluster.instance.disk_bytes = Blocks(o, 3000);
-    o.cluster.instance.disk_write_policy = write;
-    o.cluster.instance.eviction_policy = "s3fifo";
-    auto joined = Simulate(SharedTrace(), o);
-    o.cluster.instance.disk_eviction_policy = "lru";
-    auto own = Simulate(SharedTrace(), o);
+    Result<SimResult> joined = Status::Internal("not run"), own = Status::Internal("not run");
+    SimulateDiskJoinedAndOwn(write, &joined, &own);
     ASSERT_TRUE(joined.ok() && own.ok());
     EXPECT_GE(joined->hit_ratio_blocks, joined->lru_hit_ratio_blocks);
     EXPECT_GT(joined->hit_ratio_blocks, own->hit_ratio_blocks);

@@ -410,30 +410,12 @@ TEST(HierarchyPolicyTest, ScanResistanceCarriesDownToTheDisk) {
 TEST(HierarchyPolicyTest, AWriteThroughThirdTierHoldsWhatTheTiersAboveDrop) {
   for (const std::string policy : {"lru", "s3fifo"}) {
     SCOPED_TRACE(policy);
-    ManualClock clock;
-    std::vector<uint8_t> device(2 * kBlockBytes, 0);
-    auto tier = [&](int32_t blocks) {
-      HostStoreOptions ho;
-      ho.capacity_bytes = static_cast<uint64_t>(blocks) * kBlockBytes;
-      ho.block_bytes = kBlockBytes;
-      ho.pin = false;
-      ho.eviction_policy = policy;
-      return std::move(HostStore::Create(ho)).value();
-    };
-    auto host = tier(2);
-    auto third = tier(4);
-    KvManagerOptions o;
-    o.block_size = kBs;
-    o.num_device_blocks = 2;
-    o.block_bytes = kBlockBytes;
-    o.ns = NamespaceDigest("hierarchy-test", "llama", "f16", kBs);
-    o.load_policy = LoadPolicy::kAlways;
-    o.eviction_policy = policy;
-    uint8_t* base = device.data();
-    auto mem = [base](BlockId id) { return base + id.value() * kBlockBytes; };
-    std::vector<LowerTier> tiers = {{host.get(), WritePolicy::kExclusive, 0, 0},
-                                    {third.get(), WritePolicy::kWriteThrough, 0, 0}};
-    auto mgr = std::move(KvManager::Create(o, mem, std::move(tiers), &clock)).value();
+    auto s = MakeStack(policy, /*device_blocks=*/2, /*host_blocks=*/2, WritePolicy::kExclusive,
+                       /*third_blocks=*/4, WritePolicy::kWriteThrough);
+    KvManager* mgr = s->mgr.get();
+    HostStore* host = s->host.get();
+    HostStore* third = s->third.get();
+    const KvManagerOptions& o = mgr->options();
     auto prompt = [](int k) {
       auto p = Seq(kBs, 100 * k);
       p.push_back(7);
