@@ -34,6 +34,11 @@ namespace strata::kvcache {
 struct StoreCompletion {
   uint64_t tag = 0;  // the caller's tag from Submit*
   Status status;     // OK, or why the block is a miss / was not stored
+  // A write the store declined, nothing having failed: its admission policy
+  // said no, or every slot was busy with reads or writes in flight (status
+  // says which, kResourceExhausted). The block is not stored; callers count
+  // it apart from failed writes.
+  bool refused = false;
 };
 
 struct StoreStats {
@@ -103,7 +108,8 @@ class BlockStore {
   // for `tag` is polled; the caller keeps it registered and unchanged until
   // then. Storing an existing hash completes OK at once. A store that is
   // full evicts by its policy (LRU); one that cannot store completes with an
-  // error (the block simply is not there later). A region the store cannot
+  // error (the block simply is not there later), marked `refused` when the
+  // reason is room (every slot busy) or admission rather than a fault. A region the store cannot
   // reach (unregistered, out of bounds, the wrong length, memory of a kind
   // it cannot address such as device memory) is refused at once with an
   // error naming it, nothing queued. A queued write that Remove or Flush

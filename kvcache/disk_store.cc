@@ -696,10 +696,9 @@ bool DiskStoreImpl::Start(uint64_t id, Op& op) {
     return false;
   }
   std::optional<uint32_t> slot = AllocateSlot();
-  if (!slot) {
+  if (!slot) {  // every slot busy with reads or writes in flight: no room now, nothing failed
     ForgetWriting(op);
-    ++stats_.write_errors;
-    Finish(op.tag, Status::ResourceExhausted("disk store: no free slot (all busy)"));
+    ready_.push_back(StoreCompletion{op.tag, Status::ResourceExhausted("disk store: no free slot (all busy)"), true});
     return false;
   }
   Status backed = EnsureBacked(*slot);

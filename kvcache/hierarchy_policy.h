@@ -19,9 +19,9 @@
 //     last tier the entry becomes a candidate), and when it is promoted;
 //   - the last tier evicts P's victim among the blocks only it holds: in an
 //     exclusive chain, the one block that leaves the hierarchy. Created
-//     with `copies_first` (a write-through or write-back last tier below a
-//     host; a write-through one is then also handed the blocks the level
-//     above drops that it lacks), it first evicts its copies of blocks a
+//     with `copies_first` (a write-through or write-back last tier; a
+//     write-through one is then also handed the blocks the level above
+//     drops that it lacks), it first evicts its copies of blocks a
 //     tier above or the device holds, the one that became a copy longest
 //     ago first: a copy costs nothing to drop while the block is above,
 //     and comes back down when the level above drops it; so the last tier
@@ -32,7 +32,7 @@
 // (every tier demotes in last-use order, which is P's order); with the
 // others it is the flat policy of the total size, less what the upper
 // tiers hold. Without copies_first, a last tier that holds copies of
-// blocks above (a write-through host) evicts those (least recently stored
+// blocks above evicts those (least recently stored
 // or read first, kept ones last) only when it holds nothing else.
 //
 // A block a tier drops that no tier holds and whose write into a tier

@@ -161,7 +161,6 @@ StoreStats HostStore::stats() const {
   s.blocks = index_.size();
   s.used_bytes = s.blocks * block_bytes_;
   s.evictions = evictions_;
-  s.write_errors = write_errors_;
   s.eviction_policy = std::string(policy_->name());
   s.policy = policy_->stats();
   return s;
@@ -254,15 +253,14 @@ Status HostStore::SubmitWrite(const BlockHash& h, const Sha256Digest& ns, const 
   BlockTraits traits;
   traits.key = BlockHashHasher{}(h);
   if (!policy_->Admit(traits)) {
-    done_.push_back({tag, Status::ResourceExhausted("host store: the eviction policy did not admit the block")});
+    done_.push_back({tag, Status::ResourceExhausted("host store: the eviction policy did not admit the block"), true});
     return Status::Ok();
   }
   if (free_slots_.empty()) {
     policy_->SetNow(RealClock()->NowNanos());  // for blocks kept by cache_ttl_seconds
     const int32_t victim = policy_->Victim();
-    if (victim < 0) {
-      ++write_errors_;
-      done_.push_back({tag, Status::ResourceExhausted("host store has no slots")});
+    if (victim < 0) {  // every slot is being read: no room now, nothing failed
+      done_.push_back({tag, Status::ResourceExhausted("host store: every slot is busy with reads"), true});
       return Status::Ok();
     }
     if (eviction_listener_) {

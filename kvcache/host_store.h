@@ -131,7 +131,6 @@ class HostStore final : public BlockStore {
   std::vector<StoreCompletion> done_;
   uint64_t evictions_ = 0;
   EvictionListener eviction_listener_;
-  uint64_t write_errors_ = 0;
 };
 
 }  // namespace strata::kvcache

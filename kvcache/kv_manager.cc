@@ -65,8 +65,8 @@ std::vector<int32_t> HierarchyTiers(const std::vector<LowerTier>& lowers, std::s
 // names share one (kvcache/hierarchy_policy.h), under the first tier's
 // policy name (which kv.eviction_policy defaults), whatever their write
 // policies; with none the pool has its own.
-// A write-through last tier of the one policy below the first evicts its
-// copies of blocks held above first and takes the blocks the level above
+// A write-through last tier of the one policy (a host right under the
+// device included) evicts its copies of blocks held above first and takes the blocks the level above
 // drops (sets LowerTier::takes_drops): the tiers then hold each block once, as an
 // exclusive chain does, while every computed block still reaches the tier
 // when computed (docs/simulator.md, "Write-through in the one policy").
@@ -77,15 +77,20 @@ Result<std::unique_ptr<EvictionPolicy>> DevicePolicy(const KvManagerOptions& opt
   const std::vector<int32_t> slots = HierarchyTiers(lowers, &name, &error);
   STRATA_RETURN_IF_ERROR(error);
   if (slots.empty()) return MakeEvictionPolicy(options.eviction_policy, options.num_device_blocks);
-  // Below the first tier only (a disk under a host). A host right under the
-  // device keeps the older rule (its copies last, no drops taken): with
-  // copies first, the device's drops filled its few slots and, those busy
-  // with loads, its write-through writes failed (EnginePressureTest).
   // A write-back last tier drops its copies first too (it keeps the copy of
-  // a block a load promoted); an exclusive one holds none for long.
+  // a block a load promoted); an exclusive one holds none for long. Taking
+  // drops, a small tier can meet a write with every slot busy with loads:
+  // that write is refused (LowerTierStats::writes_refused), not failed.
+  // A lone host tier in a cluster pool (a remote tier below) keeps the older
+  // rule, its copies last: not measured there (pooled hit ratios, peers'
+  // loads), so not changed.
   LowerTier& last = lowers[slots.size() - 1];
-  const bool copies_first = slots.size() > 1 && (last.write_policy == WritePolicy::kWriteThrough ||
-                                                 last.write_policy == WritePolicy::kWriteBack);
+  const bool pooled = std::any_of(lowers.begin(), lowers.end(), [](const LowerTier& t) {
+    return t.store != nullptr && t.store->kind() == TierKind::kRemote;
+  });
+  const bool copies_first =
+      (slots.size() > 1 || !pooled) &&
+      (last.write_policy == WritePolicy::kWriteThrough || last.write_policy == WritePolicy::kWriteBack);
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<HierarchyPolicy> h,
                           HierarchyPolicy::Create(name, options.num_device_blocks, slots, copies_first));
   last.takes_drops = copies_first && last.write_policy == WritePolicy::kWriteThrough;

@@ -52,6 +52,9 @@ struct LowerTierStats {
   uint64_t writebacks_deferred = 0;  // exclusive: write-backs that waited for promotions out of the tier
   uint64_t admissions_deferred = 0;  // full blocks not written yet (admit_after)
   uint64_t writes_failed = 0;
+  // Writes the tier declined without a fault (StoreCompletion::refused):
+  // its admission said no, or every slot was busy with reads or writes.
+  uint64_t writes_refused = 0;
   uint64_t loads_failed = 0;
   int64_t load_nanos = 0;
   int64_t write_nanos = 0;             // sum over completed writes of submit → completion

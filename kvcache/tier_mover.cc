@@ -722,6 +722,11 @@ void TierMover::Complete(const StoreCompletion& c) {
   } else if (c.status.code() == StatusCode::kCancelled) {
     // Removed or flushed (an operator's flush) while queued: wanted gone.
     STRATA_LOG_DEBUG("kv manager: write to {} cancelled: {}", lowers_[t].name, c.status.ToString());
+  } else if (c.refused) {
+    // No room at the moment (every slot busy) or not admitted: not stored,
+    // nothing broken.
+    ++ts.writes_refused;
+    STRATA_LOG_DEBUG("kv manager: write to {} refused: {}", lowers_[t].name, c.status.ToString());
   } else {
     ++stats_.writes_failed;
     ++ts.writes_failed;

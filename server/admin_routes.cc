@@ -120,6 +120,7 @@ json CacheStatsJson(const scheduler::EngineStats& s) {
       t["bytes_read"] = l.bytes_up;
       t["writes"] = l.writes;
       t["writes_failed"] = l.writes_failed;
+      t["writes_refused"] = l.writes_refused;
       t["loads_failed"] = l.loads_failed;
       t["admissions_deferred"] = l.admissions_deferred;
       t["promoted"] = l.promoted;

@@ -162,6 +162,9 @@ ServerMetrics::ServerMetrics(std::string model_name, int max_model_len)
                      "Loads from each lower tier that failed (recomputed instead).");
   tier_write_failures_ = counter_family("strata_kv_tier_write_failures_total",
                                         "Writes to each lower tier that failed.");
+  tier_writes_refused_ = counter_family(
+      "strata_kv_tier_writes_refused_total",
+      "Writes each lower tier declined without a fault: every slot busy, or not admitted.");
   tier_load_seconds_ = counter_family(
       "strata_kv_tier_load_seconds_total",
       "Sum over loads from each lower tier of submit-to-completion time, in seconds.");
@@ -363,6 +366,7 @@ std::string ServerMetrics::Render(const scheduler::EngineStats& s, const FrontDo
       SetDelta(*tier_read_, "read", tier, static_cast<double>(t.bytes_up));
       SetDelta(*tier_load_failures_, "load_failures", tier, static_cast<double>(t.loads_failed));
       SetDelta(*tier_write_failures_, "write_failures", tier, static_cast<double>(t.writes_failed));
+      SetDelta(*tier_writes_refused_, "writes_refused", tier, static_cast<double>(t.writes_refused));
       SetDelta(*tier_load_seconds_, "load_seconds", tier, Seconds(t.load_nanos));
       SetDelta(*tier_deferred_, "deferred", tier, static_cast<double>(t.admissions_deferred));
       SetDelta(*tier_writebacks_, "writebacks", tier, static_cast<double>(t.writebacks));

@@ -150,6 +150,7 @@ class ServerMetrics final : public RequestObserver {
   prometheus::Family<prometheus::Counter>* tier_read_ = nullptr;           // {tier}
   prometheus::Family<prometheus::Counter>* tier_load_failures_ = nullptr;  // {tier}
   prometheus::Family<prometheus::Counter>* tier_write_failures_ = nullptr;
+  prometheus::Family<prometheus::Counter>* tier_writes_refused_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_load_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_deferred_ = nullptr;
   prometheus::Family<prometheus::Counter>* tier_writebacks_ = nullptr;          // {tier}

@@ -333,7 +333,9 @@ TEST(SimulatorTest, ReportsLruAndBeladyReferencesOfOneFlatCache) {
 // The eviction policy and the write policy reach the simulated tiers: on the
 // first 2,000 requests of the shared trace, s3fifo serves more than LRU from
 // one device pool, and an exclusive device + host hierarchy serves what one
-// flat LRU cache of the same total size does (write-through serves less).
+// flat LRU cache of the same total size does; so does a write-through host
+// (it drops its copies of device blocks first and takes the device's drops,
+// so it holds each block once).
 TEST(SimulatorTest, EvictionAndWritePoliciesReachTheTiers) {
   SimOptions o = OneBlockPerId();
   o.serial = true;
@@ -359,11 +361,13 @@ TEST(SimulatorTest, EvictionAndWritePoliciesReachTheTiers) {
   auto through = Simulate(SharedTrace(), o);
   ASSERT_TRUE(through.ok() && exclusive.ok());
   EXPECT_EQ(exclusive->reference_capacity_ids, 5000u);
-  EXPECT_LT(through->hit_ratio_blocks, 0.95 * through->lru_hit_ratio_blocks) << "inclusive tiers hold copies";
   // As one flat LRU cache of the total size, within what the engine's own
-  // working blocks cost a flat device pool too (0.9995 measured).
+  // working blocks cost a flat device pool too (0.9995 measured; the
+  // write-through host 0.998: a block is a copy until the device drops it).
+  // With its copies kept last and no drops taken it served 0.95.
   EXPECT_GE(exclusive->hit_ratio_blocks, 0.998 * exclusive->lru_hit_ratio_blocks);
-  EXPECT_GT(exclusive->hit_ratio_blocks, through->hit_ratio_blocks);
+  EXPECT_GE(through->hit_ratio_blocks, 0.99 * through->lru_hit_ratio_blocks) << "the write-through host holds copies";
+  EXPECT_GE(exclusive->hit_ratio_blocks, through->hit_ratio_blocks);
 
   // One policy over both tiers (kvcache/hierarchy_policy.h) carries s3fifo's
   // gain over LRU into the hierarchy: it serves about what s3fifo serves

@@ -416,6 +416,29 @@ TEST(DiskStoreTest, APinnedBlockIsNotEvictedAndKeepsItsSlot) {
   EXPECT_EQ(s->stats().blocks, 4u);
 }
 
+// Every slot pinned: a write finds no slot. It completes refused (not
+// stored, no write error counted), and the store keeps serving its blocks.
+TEST(DiskStoreTest, AWriteWithEverySlotPinnedIsRefusedNotFailed) {
+  TempDir dir;
+  auto s = MustOpen(Opts(dir.path(), 16 << 10, 2));
+  ASSERT_TRUE(s);
+  WriteBlocks(*s, {0, 1}, Ns(1));
+  ASSERT_TRUE(s->Pin(HashOf(0)));
+  ASSERT_TRUE(s->Pin(HashOf(1)));
+  const std::vector<uint8_t> b = BlockOf(2, s->options().block_bytes);
+  ASSERT_TRUE(s->SubmitWrite(HashOf(2), Ns(1), testing::RegionOf({b.data(), b.size()}), 9).ok());
+  std::vector<StoreCompletion> done;
+  s->Drain(&done);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status.code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(done[0].refused) << done[0].status.ToString();
+  EXPECT_EQ(s->stats().write_errors, 0u);
+  EXPECT_FALSE(s->Contains(HashOf(2)));
+  s->Unpin(HashOf(0));
+  s->Unpin(HashOf(1));
+  for (uint64_t i : {0, 1}) ExpectBlock(*s, i);
+}
+
 // cache_ttl_seconds on the disk tier (BlockStore::KeepFor, real clock): a
 // kept block outlives blocks LRU would keep, whether the ask came after its
 // write or before the write completed; an ask that has expired keeps nothing.

@@ -92,6 +92,38 @@ TEST(HostStoreTest, EvictsLeastRecentlyUsed) {
   for (auto& c : done) EXPECT_TRUE(c.status.ok());
 }
 
+// Every slot pinned (loads about to read them): a new block has no room. The
+// write completes refused (not stored, nothing failed), and once a pin goes
+// the next write evicts as usual.
+TEST(HostStoreTest, AWriteWithEverySlotPinnedIsRefusedNotFailed) {
+  auto s = Make(2);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(s->SubmitWrite(H(i), {}, testing::RegionOf(Bytes(i)), i).ok());
+  ASSERT_TRUE(s->Pin(H(0)));
+  ASSERT_TRUE(s->Pin(H(1)));
+  std::vector<StoreCompletion> done;
+  s->Poll(&done);
+  done.clear();
+  ASSERT_TRUE(s->SubmitWrite(H(2), {}, testing::RegionOf(Bytes(2)), 7).ok());
+  ASSERT_EQ(s->Poll(&done), 1u);
+  EXPECT_EQ(done[0].tag, 7u);
+  EXPECT_EQ(done[0].status.code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(done[0].refused) << done[0].status.ToString();
+  EXPECT_FALSE(s->Contains(H(2)));
+  EXPECT_TRUE(s->Contains(H(0)) && s->Contains(H(1)));
+  EXPECT_EQ(s->stats().write_errors, 0u);
+  EXPECT_EQ(s->stats().evictions, 0u);
+
+  s->Unpin(H(1));
+  done.clear();
+  ASSERT_TRUE(s->SubmitWrite(H(2), {}, testing::RegionOf(Bytes(2)), 8).ok());
+  ASSERT_EQ(s->Poll(&done), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  EXPECT_FALSE(done[0].refused);
+  EXPECT_TRUE(s->Contains(H(0)) && s->Contains(H(2)));
+  EXPECT_FALSE(s->Contains(H(1)));
+  s->Unpin(H(0));
+}
+
 TEST(HostStoreTest, CountPrefixRemoveFlush) {
   auto s = Make(8);
   Sha256Digest a{}, b{};

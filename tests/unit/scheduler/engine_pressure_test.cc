@@ -478,12 +478,15 @@ TEST_P(EnginePressureTest, SharedPrefixesUnderEvictionPreemptionCancelAndDeadlin
 
   std::string summary;
   for (const auto& [r, c] : reasons) summary += r + "=" + std::to_string(c) + " ";
-  std::printf("requests %d: %s| preemptions %llu, device evictions %llu, hits device %llu host %llu disk %llu blocks\n",
+  std::printf("requests %d: %s| preemptions %llu, device evictions %llu, hits device %llu host %llu disk %llu blocks"
+              ", writes refused (slots busy) host %llu disk %llu\n",
               n, summary.c_str(), static_cast<unsigned long long>(st.preemptions),
               static_cast<unsigned long long>(kst.device_pool.evictions),
               static_cast<unsigned long long>(random_phase.device.blocks),
               static_cast<unsigned long long>(random_phase.tiers[0].hits.blocks),
-              static_cast<unsigned long long>(random_phase.tiers[1].hits.blocks));
+              static_cast<unsigned long long>(random_phase.tiers[1].hits.blocks),
+              static_cast<unsigned long long>(kst.tiers[0].writes_refused),
+              static_cast<unsigned long long>(kst.tiers[1].writes_refused));
 }
 
 // The pattern behind the pressure test's failures, reduced: the engine frees a

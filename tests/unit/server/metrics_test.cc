@@ -85,6 +85,7 @@ scheduler::EngineStats Snapshot(uint64_t scale) {
   disk.bytes_up = 1024 * scale;
   disk.loads_failed = 2 * scale;
   disk.writes_failed = 1 * scale;
+  disk.writes_refused = 3 * scale;
   disk.writebacks = 6 * scale;
   disk.write_latency[0] = 4 * scale;  // <= 100 us
   disk.write_nanos = static_cast<int64_t>(scale) * kSec / 1000;
@@ -219,6 +220,7 @@ TEST(ServerMetricsTest, EngineSnapshotSetsGaugesAndGrowsCountersByDelta) {
   EXPECT_EQ(Get(m, tier("strata_kv_tier_bytes_read_total", "disk")), 1024);
   EXPECT_EQ(Get(m, tier("strata_kv_tier_load_failures_total", "disk")), 2);
   EXPECT_EQ(Get(m, tier("strata_kv_tier_write_failures_total", "disk")), 1);
+  EXPECT_EQ(Get(m, tier("strata_kv_tier_writes_refused_total", "disk")), 3);
   EXPECT_DOUBLE_EQ(Get(m, tier("strata_kv_tier_load_seconds_total", "host")), 0.5);
   EXPECT_EQ(Get(m, tier("strata_kv_tier_writebacks_total", "disk")), 6);
   EXPECT_EQ(Get(m, tier("strata_kv_tier_writebacks_dropped_total", "disk")), 1);
