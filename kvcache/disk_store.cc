@@ -135,7 +135,9 @@ class DiskStoreImpl final : public DiskStore {
     auto w = writing_.find(op.hash);
     if (w != writing_.end() && w->second == op.id) writing_.erase(w);
   }
-  void Finish(uint64_t tag, Status s) { ready_.push_back(StoreCompletion{tag, std::move(s)}); }
+  void Finish(uint64_t tag, Status s, bool refused = false) {
+    ready_.push_back(StoreCompletion{tag, std::move(s), refused});
+  }
   void StartPending();
   // Prepares the I/O of ops_[id]; false when it finished at once (error).
   bool Start(uint64_t id, Op& op);
@@ -698,7 +700,7 @@ bool DiskStoreImpl::Start(uint64_t id, Op& op) {
   std::optional<uint32_t> slot = AllocateSlot();
   if (!slot) {  // every slot busy with reads or writes in flight: no room now, nothing failed
     ForgetWriting(op);
-    ready_.push_back(StoreCompletion{op.tag, Status::ResourceExhausted("disk store: no free slot (all busy)"), true});
+    Finish(op.tag, Status::ResourceExhausted("disk store: no free slot (all busy)"), /*refused=*/true);
     return false;
   }
   Status backed = EnsureBacked(*slot);

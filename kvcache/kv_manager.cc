@@ -66,9 +66,9 @@ std::vector<int32_t> HierarchyTiers(const std::vector<LowerTier>& lowers, std::s
 // policy name (which kv.eviction_policy defaults), whatever their write
 // policies; with none the pool has its own.
 // A write-through last tier of the one policy (a host right under the
-// device included) evicts its copies of blocks held above first and takes the blocks the level above
-// drops (sets LowerTier::takes_drops): the tiers then hold each block once, as an
-// exclusive chain does, while every computed block still reaches the tier
+// device included) evicts its copies of blocks held above first and takes
+// the blocks the level above drops (sets LowerTier::takes_drops): the tiers
+// then hold each block once, as an exclusive chain does, while every computed block still reaches the tier
 // when computed (docs/simulator.md, "Write-through in the one policy").
 Result<std::unique_ptr<EvictionPolicy>> DevicePolicy(const KvManagerOptions& options, std::vector<LowerTier>& lowers,
                                                      std::shared_ptr<HierarchyPolicy>* hierarchy) {
