@@ -63,6 +63,7 @@ Result<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, const Lo
   if (options.pack_weights) {
     for (const auto& file : m->weights.files) mapped.push_back(file.get());
     PackWeightsForInt8(&m->weights, mapped);
+    PackWeightPanels(&m->weights, mapped);
   }
   if (static_cast<int>(spec.tokens.size()) > m->weights.config.vocab_size)
     return Status::Corrupt(path + ": tokenizer has " + std::to_string(spec.tokens.size()) +

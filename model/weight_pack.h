@@ -28,4 +28,15 @@ bool WantsLanePack(const Tensor& t);
 // original later faults it back in). Returns how many tensors were packed.
 int PackWeightsForInt8(ModelWeights* w, const std::vector<const MappedFile*>& mapped);
 
+// Whether PackWeightPanels splits t into column panels: a matrix MatMul
+// multiplies with f32 activations (at the active activation mode) whose
+// rows cpu::DecodePanelCols says to split, and not lane-packed.
+bool WantsPanels(const Tensor& t);
+
+// Gives each layer matrix and the output matrix of `w` that WantsPanels a
+// column-panel copy (Tensor::panels, cpu::PackPanels) in storage `w` owns,
+// and drops the originals' pages as PackWeightsForInt8 does (every MatMul
+// path reads the panels). Returns how many tensors were split.
+int PackWeightPanels(ModelWeights* w, const std::vector<const MappedFile*>& mapped);
+
 }  // namespace strata

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <new>
@@ -68,13 +69,69 @@ float* ThreadScratch(int64_t n) {
   return scratch.Get(n);
 }
 
+// A second per-thread buffer: one panel's partial products.
+float* ThreadPartial(int64_t n) {
+  thread_local Scratch partial;
+  return partial.Get(n);
+}
+
+// Whether w carries a column-panel copy the f32-activation paths read.
+bool HasPanels(const Tensor& w) {
+  return w.panels != nullptr && w.panel_cols > 0 && w.panel_cols < w.cols();
+}
+
+// Row r of w decoded to f32 into dst (cols floats), from its panels when it
+// has them.
+void DecodeWeightRow(const Tensor& w, DequantRowFn dequant, int64_t r, float* dst) {
+  if (!HasPanels(w)) {
+    dequant(w.data + static_cast<size_t>(r) * RowBytes(w.type, w.cols()), dst, w.cols());
+    return;
+  }
+  const int64_t np = w.panel_count();
+  for (int64_t p = 0; p < np; ++p) {
+    dequant(w.panel(p) + static_cast<size_t>(r) * w.panel_row_bytes(p), dst + p * w.panel_cols,
+            w.panel_width(p));
+  }
+}
+
 int64_t TileRows(int64_t cols, int64_t requested) {
   if (requested > 0) return requested;
   const int64_t r = (kTileFloats / std::max<int64_t>(cols, 1)) / kRowAlign * kRowAlign;
   return std::clamp<int64_t>(r, 64, 512);
 }
 
-void DotPath(const KernelTable& kernels, int type_index, bool tile, const DotArgs& base,
+// Runs `dot` over rows [b, e) of `base`, panel by panel where w has panels:
+// panel 0 writes y, each later one writes this thread's buffer and is added
+// in, in panel order (so a row's sum does not depend on the thread).
+void DotRowRange(DotRowsFn dot, const Tensor& w, const DotArgs& base, int64_t b, int64_t e) {
+  DotArgs a = base;
+  a.row_begin = b;
+  a.row_end = e;
+  if (!HasPanels(w) || base.xsum != nullptr) {  // xsum is per whole row
+    dot(a);
+    return;
+  }
+  const int64_t np = w.panel_count();
+  const int64_t xs = base.x_stride > 0 ? base.x_stride : base.cols;
+  float* part = np > 1 ? ThreadPartial(base.n_tokens * base.y_stride) : nullptr;
+  for (int64_t p = 0; p < np; ++p) {
+    a.w = w.panel(p);
+    a.row_bytes = w.panel_row_bytes(p);
+    a.cols = w.panel_width(p);
+    a.x = base.x + p * w.panel_cols;
+    a.x_stride = xs;
+    a.y = p == 0 ? base.y : part;
+    dot(a);
+    if (p == 0) continue;
+    for (int64_t t = 0; t < base.n_tokens; ++t) {
+      float* yt = base.y + t * base.y_stride;
+      const float* pt = part + t * base.y_stride;
+      for (int64_t r = b; r < e; ++r) yt[r] += pt[r];
+    }
+  }
+}
+
+void DotPath(const KernelTable& kernels, int type_index, bool tile, const Tensor& w, const DotArgs& base,
              ThreadPool& pool) {
   const DotRowsFn dot = tile ? kernels.tile[type_index] : kernels.dot[type_index];
   const int64_t scratch_floats = tile ? TileScratchFloats(base.cols) : 0;
@@ -85,17 +142,15 @@ void DotPath(const KernelTable& kernels, int type_index, bool tile, const DotArg
   if (tasks <= 1) {
     DotArgs a = base;
     if (tile) a.scratch = ThreadScratch(scratch_floats);
-    dot(a);
+    DotRowRange(dot, w, a, 0, rows);
     return;
   }
   int64_t per = CeilDiv(rows, tasks);
   if (per > kRowAlign) per = CeilDiv(per, kRowAlign) * kRowAlign;
   pool.Run(static_cast<int>(CeilDiv(rows, per)), [&](int task) {
     DotArgs a = base;
-    a.row_begin = task * per;
-    a.row_end = std::min(rows, a.row_begin + per);
     if (tile) a.scratch = ThreadScratch(scratch_floats);
-    dot(a);
+    DotRowRange(dot, w, a, task * per, std::min(rows, task * per + per));
   });
 }
 
@@ -120,14 +175,16 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
   const int threads = pool.num_threads();
   const BlasLibrary lib = opt.blas;
 
-  if (w.type == DType::kF32 && (opt.threading == GemmThreading::kBlasThreads || threads == 1)) {
+  // f32 rows are multiplied in place unless they are split into panels.
+  const bool in_place = w.type == DType::kF32 && !HasPanels(w);
+  if (in_place && (opt.threading == GemmThreading::kBlasThreads || threads == 1)) {
     SgemmTokens(lib, threads, n_tokens, rows, cols, x, reinterpret_cast<const float*>(w.data), cols,
                 y, rows);
     return;
   }
   const DequantRowFn dequant = ActiveKernels().dequant[type_index];
   int64_t tile = TileRows(cols, opt.tile_rows);
-  if (w.type == DType::kF32 && opt.tile_rows <= 0 && n_tokens >= kGemmNoChunkTokens) {
+  if (in_place && opt.tile_rows <= 0 && n_tokens >= kGemmNoChunkTokens) {
     // Unchunked f32: one sgemm per thread packs x the fewest times (~20%
     // faster at 512 tokens than 256-row tiles).
     tile = CeilDiv(CeilDiv(rows, threads), kRowAlign) * kRowAlign;
@@ -142,8 +199,8 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
       pool.ParallelFor(static_cast<size_t>(nr), static_cast<size_t>(kRowAlign),
                        [&](size_t b, size_t e) {
                          for (size_t r = b; r < e; ++r) {
-                           dequant(w.data + (r0 + static_cast<int64_t>(r)) * row_bytes,
-                                   scratch + static_cast<int64_t>(r) * cols, cols);
+                           DecodeWeightRow(w, dequant, r0 + static_cast<int64_t>(r),
+                                           scratch + static_cast<int64_t>(r) * cols);
                          }
                        });
       SgemmTokens(lib, threads, n_tokens, nr, cols, x, scratch, cols, y + r0, rows);
@@ -157,13 +214,11 @@ void GemmPath(const Tensor& w, int type_index, const float* x, int64_t n_tokens,
     const int64_t r0 = task * tile;
     const int64_t nr = std::min(tile, rows - r0);
     const float* b;
-    if (w.type == DType::kF32) {
+    if (in_place) {
       b = reinterpret_cast<const float*>(w.data + r0 * row_bytes);
     } else {
       float* scratch = ThreadScratch(tile * cols);
-      for (int64_t r = 0; r < nr; ++r) {
-        dequant(w.data + (r0 + r) * row_bytes, scratch + r * cols, cols);
-      }
+      for (int64_t r = 0; r < nr; ++r) DecodeWeightRow(w, dequant, r0 + r, scratch + r * cols);
       b = scratch;
     }
     SgemmTokens(lib, 1, n_tokens, nr, cols, x, b, cols, y + r0, rows);
@@ -271,7 +326,7 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
   }
   // One table for the whole call (tests switch levels between calls).
   const KernelTable& kernels = ActiveKernels();
-  DotPath(kernels, type_index, tile, a, pool);
+  DotPath(kernels, type_index, tile, w, a, pool);
 }
 
 }  // namespace internal
@@ -279,6 +334,61 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
 namespace {
 std::atomic<ActivationMode> g_activation_mode{ActivationMode::kAuto};
 }  // namespace
+
+namespace {
+// A row of x (4 bytes a column) and of the weights up to this size is read
+// at full speed one row after another; above it the streaming weights push
+// x out of L1 before the next row reads it again. Measured on the AVX-512
+// EPYC VM (docs/PERFORMANCE.md), one-token f16 products, 2 threads: 3,072
+// columns (18 KiB) as fast as f16 x, 4,096 (24 KiB) 1.3-1.5x slower.
+constexpr int64_t kPanelMaxBytes = 20 << 10;
+// Panels are cut to about this much each.
+constexpr int64_t kPanelTargetBytes = 18 << 10;
+// Panel widths are a multiple of this many columns: every SIMD level's
+// plain-type block and the Q4_0/Q8_0 block divide it.
+constexpr int64_t kPanelColsAlign = 64;
+}  // namespace
+
+int64_t DecodePanelCols(DType t, int64_t cols) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      break;
+    default:
+      return 0;  // the K-quants' f32-activation kernels read whole rows (xsum)
+  }
+  if (cols <= 0 || cols % GetDTypeInfo(t).block_elems != 0) return 0;
+  const int64_t bytes = cols * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(RowBytes(t, cols));
+  if (bytes <= kPanelMaxBytes) return 0;
+  const int64_t n = internal::CeilDiv(bytes, kPanelTargetBytes);
+  const int64_t pc = internal::CeilDiv(internal::CeilDiv(cols, n), kPanelColsAlign) * kPanelColsAlign;
+  return pc < cols ? pc : 0;
+}
+
+size_t PanelPackedBytes(const Tensor& w, int64_t panel_cols) {
+  if (panel_cols <= 0 || panel_cols >= w.cols()) return 0;
+  // The same bytes regrouped: panel widths are whole blocks.
+  return static_cast<size_t>(w.rows()) * RowBytes(w.type, w.cols());
+}
+
+void PackPanels(const Tensor& w, int64_t panel_cols, uint8_t* out) {
+  Tensor v = w;
+  v.panels = out;
+  v.panel_cols = panel_cols;
+  const size_t row_bytes = RowBytes(w.type, w.cols());
+  const int64_t rows = w.rows();
+  for (int64_t p = 0; p < v.panel_count(); ++p) {
+    const size_t offset = RowBytes(w.type, p * panel_cols);  // bytes before column p * panel_cols
+    const size_t n = v.panel_row_bytes(p);
+    uint8_t* dst = const_cast<uint8_t*>(v.panel(p));
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(dst + static_cast<size_t>(r) * n, w.data + static_cast<size_t>(r) * row_bytes + offset, n);
+    }
+  }
+}
 
 bool UsesInt8Activations(DType t, ActivationMode m) {
   switch (m) {

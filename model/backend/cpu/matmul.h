@@ -61,6 +61,28 @@ bool UsesInt8Activations(DType t, ActivationMode m);
 void SetActivationMode(ActivationMode mode);
 ActivationMode GetActivationMode();
 
+// Column panels (Tensor::panels). A one-token product reads each weight row
+// once and all of x once per row; when x (4 bytes a column) and a row
+// together outgrow L1's share, the streaming rows evict x before the next
+// row reads it, and the product runs well under the memory bandwidth (f16,
+// 5,632 columns: 1.3-1.8x slower than with x half the size). Split into
+// panels of fewer columns, each panel is still read front to back while its
+// slice of x stays in L1. Every MatMul path reads the panels when a tensor
+// has them (the rows are then summed panel by panel, in panel order).
+//
+// The panel width to give w (a multiple of 64 columns), or 0 when its rows
+// are narrow enough or its type's f32-activation kernels need whole rows
+// (the K-quants). For f32, f16, bf16, Q8_0 and Q4_0 weights multiplied with
+// f32 activations.
+int64_t DecodePanelCols(DType t, int64_t cols);
+// Bytes PackPanels writes for w at that width (0 if it is not < cols).
+size_t PanelPackedBytes(const Tensor& w, int64_t panel_cols);
+// Writes w's rows as column panels of panel_cols (Tensor::panels' layout)
+// to out, which has PanelPackedBytes(w, panel_cols) bytes.
+// REQUIRES 0 < panel_cols < w.cols(), panel_cols a multiple of the type's
+// block; w.data valid.
+void PackPanels(const Tensor& w, int64_t panel_cols, uint8_t* out);
+
 // y[t * w.rows() + r] = sum_k W[r][k] * x[t * w.cols() + k]
 // for t in [0, n_tokens), r in [0, w.rows()), where W is w decoded to f32
 // (DequantizeRow's values). Where UsesInt8Activations is false, x is used

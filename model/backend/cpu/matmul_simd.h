@@ -304,9 +304,11 @@ inline float DotBlocks1(const uint8_t* row, int64_t cols, const float* x) {
   return V::ReduceAdd(V::Add(tot0, tot1));
 }
 
+// Token t's activations start at x + t * xs (xs >= cols: MatMul may pad
+// them, and a column panel's tokens are a whole row of x apart).
 template <class Dec, int NT>
-inline void DotRow(const uint8_t* row, int64_t cols, const float* x, const float* xsum, float* out,
-                   int64_t out_stride) {
+inline void DotRow(const uint8_t* row, int64_t cols, const float* x, int64_t xs, const float* xsum,
+                   float* out, int64_t out_stride) {
   if constexpr (NT == 1 && requires { Dec::Dot1; }) {
     *out = Dec::Dot1(row, cols, x, xsum);
     return;
@@ -324,7 +326,7 @@ inline void DotRow(const uint8_t* row, int64_t cols, const float* x, const float
     Dec::Decode(row, [&](int k, int off, VF w) {
 #pragma GCC unroll 4
       for (int t = 0; t < NT; ++t) {
-        acc[t][k % kAcc] = V::Fma(w, V::LoadF(xb + t * cols + off), acc[t][k % kAcc]);
+        acc[t][k % kAcc] = V::Fma(w, V::LoadF(xb + t * xs + off), acc[t][k % kAcc]);
       }
     });
   }
@@ -336,11 +338,11 @@ inline void DotRow(const uint8_t* row, int64_t cols, const float* x, const float
     int64_t i = nblocks * Dec::kElems;
     for (; i + kL <= cols; i += kL, row += kL * kElemBytes, xb += kL) {
       const VF w = Dec::One(row);
-      for (int t = 0; t < NT; ++t) acc[t][0] = V::Fma(w, V::LoadF(xb + t * cols), acc[t][0]);
+      for (int t = 0; t < NT; ++t) acc[t][0] = V::Fma(w, V::LoadF(xb + t * xs), acc[t][0]);
     }
     for (; i < cols; ++i, row += kElemBytes, ++xb) {
       const float w = Dec::Scalar(row);
-      for (int t = 0; t < NT; ++t) tail[t] += w * xb[t * cols];
+      for (int t = 0; t < NT; ++t) tail[t] += w * xb[t * xs];
     }
   }
   for (int t = 0; t < NT; ++t) {
@@ -378,11 +380,12 @@ inline void DotRows4x1(const uint8_t* row, size_t row_bytes, int64_t cols, const
 
 template <class Dec>
 void DotRows(const DotArgs& a) {
+  const int64_t xs = a.x_stride > 0 ? a.x_stride : a.cols;
   if constexpr (std::is_same_v<Dec, DecF32> && kL == 8) {
     if (a.n_tokens == 1 && a.cols % Dec::kElems == 0) {
       int64_t r = a.row_begin;
       for (; r + 4 <= a.row_end; r += 4) DotRows4x1<Dec>(a.w + r * a.row_bytes, a.row_bytes, a.cols, a.x, a.y + r);
-      for (; r < a.row_end; ++r) DotRow<Dec, 1>(a.w + r * a.row_bytes, a.cols, a.x, nullptr, a.y + r, a.y_stride);
+      for (; r < a.row_end; ++r) DotRow<Dec, 1>(a.w + r * a.row_bytes, a.cols, a.x, xs, nullptr, a.y + r, a.y_stride);
       return;
     }
   }
@@ -394,7 +397,7 @@ void DotRows(const DotArgs& a) {
     int64_t t = 0;
     for (; t + kDotTokenGroup <= a.n_tokens; t += kDotTokenGroup) {
       for (int64_t r = r0; r < r1; ++r) {
-        DotRow<Dec, kDotTokenGroup>(a.w + r * a.row_bytes, a.cols, a.x + t * a.cols, nullptr,
+        DotRow<Dec, kDotTokenGroup>(a.w + r * a.row_bytes, a.cols, a.x + t * xs, xs, nullptr,
                                     a.y + t * a.y_stride + r, a.y_stride);
       }
     }
@@ -402,14 +405,14 @@ void DotRows(const DotArgs& a) {
     const int64_t left = a.n_tokens - t;
     for (int64_t r = r0; r < r1 && left > 0; ++r) {
       const uint8_t* row = a.w + r * a.row_bytes;
-      const float* x = a.x + t * a.cols;
+      const float* x = a.x + t * xs;
       float* y = a.y + t * a.y_stride + r;
       if (left == 3) {
-        DotRow<Dec, 3>(row, a.cols, x, nullptr, y, a.y_stride);
+        DotRow<Dec, 3>(row, a.cols, x, xs, nullptr, y, a.y_stride);
       } else if (left == 2) {
-        DotRow<Dec, 2>(row, a.cols, x, nullptr, y, a.y_stride);
+        DotRow<Dec, 2>(row, a.cols, x, xs, nullptr, y, a.y_stride);
       } else {
-        DotRow<Dec, 1>(row, a.cols, x, a.xsum ? a.xsum + t * (a.cols / 32) : nullptr, y,
+        DotRow<Dec, 1>(row, a.cols, x, xs, a.xsum ? a.xsum + t * (a.cols / 32) : nullptr, y,
                        a.y_stride);
       }
     }

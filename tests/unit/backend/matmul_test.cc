@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/backend/cpu/cpu_features.h"
@@ -316,6 +318,126 @@ TEST(MatMulTest, InvalidWeightGivesNaNNotACrash) {
   for (float v : y) EXPECT_TRUE(std::isnan(v));
   // Nothing to do: no write at all.
   MatMul(w.tensor, x.data(), 0, nullptr, two);
+}
+
+// A weight with a column-panel copy (Tensor::panels) whose `data` holds
+// different numbers, so a path that read `data` instead would not match.
+struct PanelWeight {
+  TestWeight w;
+  std::vector<uint8_t> panels;
+  std::vector<uint8_t> decoy;
+  Tensor tensor;
+};
+PanelWeight MakePanelWeight(DType type, int64_t rows, int64_t cols, int64_t panel_cols, uint32_t seed) {
+  PanelWeight p;
+  p.w = MakeWeight(type, rows, cols, seed);
+  p.panels.resize(PanelPackedBytes(p.w.tensor, panel_cols));
+  PackPanels(p.w.tensor, panel_cols, p.panels.data());
+  p.decoy = MakeWeight(type, rows, cols, seed + 1000).bytes;
+  p.tensor = p.w.tensor;
+  p.tensor.data = p.decoy.data();
+  p.tensor.panels = p.panels.data();
+  p.tensor.panel_cols = panel_cols;
+  return p;
+}
+
+// Every path that multiplies with f32 activations (dot, tile, both sgemm
+// threadings) reads the panels: it matches the double reference of the
+// panels' weights although `data` holds others. Panel counts of 2 and 3
+// with a narrower last panel, plain types with tails inside a panel, 1 and
+// 2 threads, every SIMD level.
+TEST(MatMulTest, ColumnPanelsAreWhatEveryPathReads) {
+  ThreadPool one(1), two(2);
+  std::vector<std::pair<std::string, MatMulOptions>> strategies = {
+      {"default", {}},
+      {"dot", {.gemm_min_tokens = std::numeric_limits<int64_t>::max(),
+               .tile_min_tokens = std::numeric_limits<int64_t>::max()}},
+      {"tile", {.gemm_min_tokens = std::numeric_limits<int64_t>::max(), .tile_min_tokens = 1}},
+      {"sgemm", {.gemm_min_tokens = 1, .tile_rows = 16}},
+      {"sgemm-blas-threads", {.gemm_min_tokens = 1, .tile_rows = 16, .threading = GemmThreading::kBlasThreads}},
+  };
+  struct Shape {
+    DType type;
+    int64_t cols, panel_cols;
+  };
+  const Shape shapes[] = {{DType::kF32, 333, 128},  {DType::kF16, 333, 128}, {DType::kBF16, 333, 192},
+                          {DType::kF16, 1024, 512}, {DType::kQ8_0, 160, 64}, {DType::kQ4_0, 192, 128}};
+  for (const Shape& sh : shapes) {
+    const PanelWeight p = MakePanelWeight(sh.type, 37, sh.cols, sh.panel_cols, 17);
+    ASSERT_GT(p.tensor.panel_count(), 1);
+    for (int64_t n_tokens : {1, 2, 3, 5, 9, 64, 70}) {
+      const std::vector<float> x = RandomX(n_tokens * sh.cols, static_cast<uint32_t>(n_tokens + 40));
+      const Reference ref = Compute(p.w, x, n_tokens);
+      for (SimdLevel level : Levels()) {
+        LevelScope scope(level);
+        for (ThreadPool* pool : {&one, &two}) {
+          for (const auto& [name, options] : strategies) {
+            std::vector<float> y(n_tokens * 37, -1.f);
+            internal::MatMulWithOptions(p.tensor, x.data(), n_tokens, y.data(), *pool, options);
+            ExpectMatches(ref, y, Tolerance(sh.type),
+                          std::string(DTypeName(sh.type)) + " cols=" + std::to_string(sh.cols) + " " + name +
+                              " n=" + std::to_string(n_tokens) + " " + std::string(SimdLevelName(level)) +
+                              " threads=" + std::to_string(pool->num_threads()));
+          }
+        }
+      }
+    }
+  }
+}
+
+// The panels hold the rows' bytes regrouped: panel p, row r is row r's
+// bytes from column p * panel_cols on.
+TEST(MatMulTest, PackPanelsRegroupsTheRowsBytes) {
+  for (DType type : {DType::kF16, DType::kQ8_0}) {
+    const int64_t cols = 320, pc = 128, rows = 5;
+    const TestWeight w = MakeWeight(type, rows, cols, 3);
+    std::vector<uint8_t> out(PanelPackedBytes(w.tensor, pc));
+    ASSERT_EQ(out.size(), w.bytes.size());
+    PackPanels(w.tensor, pc, out.data());
+    Tensor t = w.tensor;
+    t.panels = out.data();
+    t.panel_cols = pc;
+    ASSERT_EQ(t.panel_count(), 3);
+    EXPECT_EQ(t.panel_width(2), 64);
+    for (int64_t p = 0; p < 3; ++p) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* want = w.tensor.row(r) + RowBytes(type, p * pc);
+        EXPECT_EQ(0, std::memcmp(t.panel(p) + r * t.panel_row_bytes(p), want, t.panel_row_bytes(p)))
+            << DTypeName(type) << " panel " << p << " row " << r;
+      }
+    }
+  }
+  EXPECT_EQ(PanelPackedBytes(MakeWeight(DType::kF16, 2, 128, 1).tensor, 128), 0u);
+}
+
+// Which matrices get panels: rows whose x (4 bytes a column) and weights
+// pass 20 KiB, cut into panels of at most that much, 64-column multiples;
+// never the K-quants (their kernels need whole rows).
+TEST(MatMulTest, DecodePanelColsRule) {
+  EXPECT_EQ(DecodePanelCols(DType::kF16, 2048), 0);
+  EXPECT_EQ(DecodePanelCols(DType::kF16, 3072), 0);
+  EXPECT_EQ(DecodePanelCols(DType::kF16, 4096), 2048);
+  EXPECT_EQ(DecodePanelCols(DType::kF16, 5632), 2816);   // TinyLlama's w_down
+  EXPECT_EQ(DecodePanelCols(DType::kF16, 11008), 2752);  // Llama-2 7B's w_down
+  EXPECT_EQ(DecodePanelCols(DType::kF32, 2048), 0);
+  EXPECT_EQ(DecodePanelCols(DType::kF32, 4096), 2048);
+  EXPECT_EQ(DecodePanelCols(DType::kQ8_0, 5632), 2816);
+  EXPECT_EQ(DecodePanelCols(DType::kQ4_K, 11008), 0);
+  EXPECT_EQ(DecodePanelCols(DType::kQ6_K, 11008), 0);
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+    for (int64_t cols = 64; cols <= 20000; cols += 64) {
+      const int64_t pc = DecodePanelCols(type, cols);
+      const int64_t whole = cols * 4 + static_cast<int64_t>(RowBytes(type, cols));
+      if (whole <= (20 << 10)) {
+        EXPECT_EQ(pc, 0) << DTypeName(type) << " " << cols;
+        continue;
+      }
+      ASSERT_GT(pc, 0) << DTypeName(type) << " " << cols;
+      EXPECT_LT(pc, cols);
+      EXPECT_EQ(pc % 64, 0);
+      EXPECT_LE(pc * 4 + static_cast<int64_t>(RowBytes(type, pc)), 20 << 10) << DTypeName(type) << " " << cols;
+    }
+  }
 }
 
 }  // namespace

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 
 #include "model/synth.h"
+#include "model/weight_pack.h"
 #include "tests/support/reference_forward.h"
 
 namespace strata {
@@ -74,6 +76,9 @@ struct Case {
   DType wtype;
   DType kvtype;
   double tol;
+  // Split the wide matrices into column panels as loading does
+  // (PackWeightPanels), and check that some were.
+  bool panels = false;
 };
 
 class ForwardVsReference : public ::testing::TestWithParam<Case> {};
@@ -85,6 +90,10 @@ TEST_P(ForwardVsReference, AllPositionsMatch) {
   opt.seed = 7;
   auto w = MakeSyntheticWeights(tc.config, opt);
   ASSERT_TRUE(w) << w.error().ToString();
+  if (tc.panels) {
+    ASSERT_GT(PackWeightPanels(&*w, {}), 0) << tc.name;
+    ASSERT_NE(w->layers[0].w_down.panels, nullptr) << tc.name;
+  }
   ThreadPool pool(2);
   KvOptions kv;
   kv.block_size = 4;
@@ -107,6 +116,20 @@ TEST_P(ForwardVsReference, AllPositionsMatch) {
   for (int t = 0; t < n; ++t) worst = std::max(worst, RelErr(logits.data() + t * V, want[t]));
   EXPECT_LE(worst, tc.tol) << tc.name;
   RecordProperty("worst_rel_err", std::to_string(worst));
+  if (tc.panels) {
+    // Token by token too (one-token products read the panels through the
+    // dot kernels), into blocks of their own.
+    std::vector<int32_t> table2 = Blocks(5, 5);
+    double worst1 = 0;
+    for (int t = 0; t < n; ++t) {
+      ForwardSeq one{std::span<const int32_t>(toks).subspan(static_cast<size_t>(t), 1), t, table2,
+                     /*all_logits=*/false};
+      std::vector<float> l1;
+      ASSERT_TRUE((*eng)->Forward({&one, 1}, &l1).ok());
+      worst1 = std::max(worst1, RelErr(l1.data(), want[static_cast<size_t>(t)]));
+    }
+    EXPECT_LE(worst1, tc.tol) << tc.name << " token by token";
+  }
   // The error bound must not be vacuous: logits are far from constant.
   double spread = *std::max_element(want[n - 1].begin(), want[n - 1].end()) -
                   *std::min_element(want[n - 1].begin(), want[n - 1].end());
@@ -146,6 +169,12 @@ std::vector<Case> Cases() {
   cs.push_back({"gqa_bf16", gqa, DType::kBF16, DType::kF32, 2e-3});
   cs.push_back({"gqa_q8_0", gqa, DType::kQ8_0, DType::kF32, 2e-2});
   cs.push_back({"gqa_q4_0", gqa, DType::kQ4_0, DType::kF32, 2e-2});
+  // An FFN wide enough (4096) for w_down to be split into column panels:
+  // the 19-token prefill goes through the tile kernels panel by panel.
+  ModelConfig wide = Shape(64, 2, 4, 2, 4096, 67);
+  cs.push_back({"wide_ffn_f32_panels", wide, DType::kF32, DType::kF32, 1e-4, true});
+  cs.push_back({"wide_ffn_f16_panels", wide, DType::kF16, DType::kF32, 2e-3, true});
+  cs.push_back({"wide_ffn_q8_0_panels", wide, DType::kQ8_0, DType::kF32, 2e-2, true});
   // K-quants need rows of 256.
   ModelConfig kq = Shape(256, 2, 4, 2, 512, 300);
   cs.push_back({"k_q4_k", kq, DType::kQ4_K, DType::kF32, 2e-2});

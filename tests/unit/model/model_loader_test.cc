@@ -106,6 +106,51 @@ TEST(ModelLoader, QuantizedMatricesArePackedWhereTheLaneKernelReadsThem) {
   }
 }
 
+// Loading splits matrices with wide rows into column panels where f32
+// activations multiply them (model/weight_pack.h), not where the int8 path
+// does or packing is off; `data` keeps the file's bytes.
+TEST(ModelLoader, WideMatricesGetColumnPanels) {
+  ModelConfig c = Small();
+  c.ffn_dim = 4096;  // w_down: 4096 columns, f16: 16 KiB of x + 8 KiB a row
+  struct Case {
+    DType type;
+    cpu::ActivationMode mode;
+    bool pack;
+    bool want;
+  };
+  const Case cases[] = {
+      {DType::kF16, cpu::ActivationMode::kAuto, true, true},
+      {DType::kF16, cpu::ActivationMode::kAuto, false, false},
+      {DType::kQ8_0, cpu::ActivationMode::kAuto, true, true},
+      {DType::kQ8_0, cpu::ActivationMode::kInt8, true, false},
+  };
+  for (const Case& k : cases) {
+    const std::string what = std::string(DTypeName(k.type)) + " mode " + std::to_string(static_cast<int>(k.mode)) +
+                             (k.pack ? "" : " pack_weights=false");
+    cpu::SetActivationMode(k.mode);
+    const std::string path = WriteSynthetic(c, k.type, "wide");
+    LoadOptions lo;
+    lo.pack_weights = k.pack;
+    auto m = LoadModel(path, lo);
+    cpu::SetActivationMode(cpu::ActivationMode::kAuto);
+    ASSERT_TRUE(m) << m.error().ToString();
+    const Tensor& down = (*m)->weights.layers[1].w_down;
+    EXPECT_EQ(down.panels != nullptr, k.want) << what;
+    EXPECT_EQ((*m)->weights.layers[1].w_up.panels, nullptr) << what;  // 64 columns
+    auto mem = MakeSyntheticWeights(c, SynthOptions{k.type, 1, 0.0f});
+    ASSERT_TRUE(mem);
+    EXPECT_EQ((*m)->weights.digest, mem->digest) << what;
+    EXPECT_EQ(0, std::memcmp(down.data, mem->layers[1].w_down.data, down.nbytes)) << what;
+    if (down.panels != nullptr) {
+      EXPECT_EQ(down.panel_cols, 2048) << what;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(down.panels) % 64, 0u) << what;
+      std::vector<uint8_t> want(cpu::PanelPackedBytes(down, down.panel_cols));
+      cpu::PackPanels(mem->layers[1].w_down, down.panel_cols, want.data());
+      EXPECT_EQ(0, std::memcmp(down.panels, want.data(), want.size())) << what;
+    }
+  }
+}
+
 TEST(ModelLoader, DigestDiffersAcrossWeights) {
   ModelConfig c = Small();
   auto a = MakeSyntheticWeights(c, SynthOptions{DType::kF32, 1, 0.0f});
