@@ -314,8 +314,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   AddActivationFlags(kernels, &f->int8_activations, &f->exact_activations);
   kernels->add_flag("--no-weight-pack", f->no_weight_pack,
-                    "keep q4_0/q8_0 weights in the file's layout (the int8 lane kernel then transposes them on "
-                    "every call; for comparing)");
+                    "keep every weight in the file's layout: no lane copy of q4_0/q8_0 (the int8 lane kernel then "
+                    "transposes them on every call) and no column panels of wide rows; for comparing");
   kernels->add_flag("--json", f->json, "print one JSON object");
   kernels->callback([f, exit_code] { *exit_code = RunKernels(*f); });
 
