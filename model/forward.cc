@@ -25,7 +25,8 @@ std::vector<float> ToF32(const Tensor& t) {
 }
 
 // Grows `v` to at least n floats (never shrinks: activations are reused).
-void Reserve(std::vector<float>& v, size_t n) {
+template <class Vec>
+void Reserve(Vec& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 

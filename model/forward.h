@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "common/aligned_vector.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "model/backend/backend.h"
@@ -94,8 +95,9 @@ class ForwardEngine final : public ForwardPass {
     std::vector<float> attn_norm, ffn_norm, bq, bk, bv;
   };
   std::vector<LayerF32> layer_f32_;
-  // Activations, sized for the largest batch seen.
-  std::vector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
+  // Activations, sized for the largest batch seen; cache-line aligned (the
+  // matrix products' vector loads of x).
+  CacheAlignedVector<float> x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_;
   // Attention split over position ranges (few tokens, long contexts): token
   // t's ranges are ranges_[range_first_[t] .. range_first_[t + 1]); each
   // range's outputs and log-sum-exps, merged per token.

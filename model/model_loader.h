@@ -19,8 +19,11 @@ struct LoadOptions {
   // Overrides the chat format detected from the model's template ("llama3",
   // "chatml", ...); empty = detect.
   std::string chat_template;
-  // Repacks Q4_0 / Q8_0 matrices for the CPU's int8 lane kernel where the
-  // activation mode set before loading uses it (model/weight_pack.h).
+  // Gives CPU-only copies to the matrices that the activation mode set
+  // before loading multiplies faster from them (model/weight_pack.h): Q4_0
+  // / Q8_0 packed for the int8 lane kernel, wide rows split into column
+  // panels for f32 activations. A loader for another backend (a GPU) sets
+  // false: the copies cost host memory and it reads `data`.
   bool pack_weights = true;
 };
 

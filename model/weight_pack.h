@@ -1,11 +1,13 @@
 #pragma once
-// Weights repacked at load for the CPU's int8 products: Q4_0 and Q8_0
+// Weights repacked at load for the CPU's products. For int8 ones: Q4_0 and Q8_0
 // matrices get a second copy of their rows in the layout of the 16-row lane
 // kernel (cpu::internal::PackLanes; Tensor::lanes), so that kernel no longer
 // transposes each block of 16 rows on every call (what cost it 10-15% against
 // f32 activations at batch 1: docs/PERFORMANCE.md). The file's layout stays
 // valid and is what every other path reads; the packed copy gives the same
-// bits.
+// bits. For f32-activation ones: matrices whose rows are too wide for x to
+// stay in L1 get their rows split into column panels (Tensor::panels,
+// cpu::DecodePanelCols), which every MatMul path then reads.
 //
 // Thread: the loading thread, before any forward pass uses the weights.
 
