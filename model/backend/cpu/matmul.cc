@@ -348,7 +348,7 @@ namespace {
 // at full speed one row after another; above it the streaming weights push
 // x out of L1 before the next row reads it again. Measured on the AVX-512
 // EPYC VM (docs/PERFORMANCE.md), one-token f16 products, 2 threads: 3,072
-// columns (18 KiB) as fast as f16 x, 4,096 (24 KiB) 1.3-1.5x slower.
+// columns (18 KiB) as fast as f16 x, 4,096 (24 KiB) 1.4-1.6x slower.
 constexpr int64_t kPanelMaxBytes = 20 << 10;
 // Panels are cut to about this much each.
 constexpr int64_t kPanelTargetBytes = 18 << 10;
