@@ -245,7 +245,7 @@ TEST(Calibrate, FitRecoversKnownCoefficientsAndStaysNonNegative) {
   EXPECT_EQ(FitCostModel(pre, {}).error().code(), StatusCode::kInvalidArgument);
 }
 
-// On a real (small) model: positive per-token costs, and the JSON reads back
+// On a real (small) model: positive step costs, and the JSON reads back
 // through the cluster file's loader.
 TEST(Calibrate, TimesARealModelAndWritesALoadableCostFile) {
   ModelWeights w = SmallWeights();
@@ -259,8 +259,12 @@ TEST(Calibrate, TimesARealModelAndWritesALoadableCostFile) {
   ASSERT_TRUE(c.ok()) << c.error().message();
   EXPECT_EQ(c->prefill.size(), 2u);
   EXPECT_EQ(c->decode.size(), 4u);
-  EXPECT_GT(c->model.b + c->model.a, 0.0);
-  EXPECT_GT(c->model.d + c->model.e, 0.0);
+  // A positive time for every step. Not a + b > 0: with one timed run per
+  // point on a shared machine, a 32-token prefill slowed 16x against the
+  // 8-token one (a neighbour's burst) is fitted best by the quadratic term
+  // alone (CI failed that way once).
+  EXPECT_GT(c->model.a + c->model.b + c->model.c, 0.0);
+  EXPECT_GT(c->model.d + c->model.e + c->model.f, 0.0);
   const std::string path = ::testing::TempDir() + "/calibrated_costs.json";
   {
     std::FILE* f = std::fopen(path.c_str(), "w");
