@@ -62,32 +62,44 @@ TEST(ModelLoader, SyntheticGgufRoundTripsConfigAndWeights) {
   }
 }
 
+// A model file of type `type` loaded with the activation mode `mode` set
+// (restored to auto after) and `pack` as LoadOptions::pack_weights; `want`
+// is whether the test expects the copy it looks for.
+struct PackCase {
+  DType type;
+  cpu::ActivationMode mode;
+  bool pack;
+  bool want;
+  std::string What() const {
+    return std::string(DTypeName(type)) + " mode " + std::to_string(static_cast<int>(mode)) +
+           (pack ? "" : " pack_weights=false");
+  }
+};
+
+Result<std::unique_ptr<LoadedModel>> LoadUnder(const ModelConfig& c, const PackCase& k, const std::string& name) {
+  cpu::SetActivationMode(k.mode);
+  const std::string path = WriteSynthetic(c, k.type, name);
+  LoadOptions lo;
+  lo.pack_weights = k.pack;
+  auto m = LoadModel(path, lo);
+  cpu::SetActivationMode(cpu::ActivationMode::kAuto);
+  return m;
+}
+
 // Loading packs Q4_0 / Q8_0 matrices for the int8 lane kernel where the
 // activation mode uses it (model/weight_pack.h), and the file's bytes stay
 // readable after their pages are dropped; the digest is the file's.
 TEST(ModelLoader, QuantizedMatricesArePackedWhereTheLaneKernelReadsThem) {
   const ModelConfig c = Small();
   const bool lanes = cpu::internal::ActiveQ8Kernels().reads_lanes;
-  struct Case {
-    DType type;
-    cpu::ActivationMode mode;
-    bool pack;
-    bool want;
-  };
-  const Case cases[] = {
+  const PackCase cases[] = {
       {DType::kQ4_0, cpu::ActivationMode::kAuto, true, lanes},  {DType::kQ4_0, cpu::ActivationMode::kAuto, false, false},
       {DType::kQ4_0, cpu::ActivationMode::kExact, true, false}, {DType::kQ8_0, cpu::ActivationMode::kAuto, true, false},
       {DType::kQ8_0, cpu::ActivationMode::kInt8, true, lanes},
   };
-  for (const Case& k : cases) {
-    const std::string what = std::string(DTypeName(k.type)) + " mode " + std::to_string(static_cast<int>(k.mode)) +
-                             (k.pack ? "" : " pack_weights=false");
-    cpu::SetActivationMode(k.mode);
-    const std::string path = WriteSynthetic(c, k.type, "p");
-    LoadOptions lo;
-    lo.pack_weights = k.pack;
-    auto m = LoadModel(path, lo);
-    cpu::SetActivationMode(cpu::ActivationMode::kAuto);
+  for (const PackCase& k : cases) {
+    const std::string what = k.What();
+    auto m = LoadUnder(c, k, "p");
     ASSERT_TRUE(m) << m.error().ToString();
     auto mem = MakeSyntheticWeights(c, SynthOptions{k.type, 1, 0.0f});
     ASSERT_TRUE(mem);
@@ -112,27 +124,15 @@ TEST(ModelLoader, QuantizedMatricesArePackedWhereTheLaneKernelReadsThem) {
 TEST(ModelLoader, WideMatricesGetColumnPanels) {
   ModelConfig c = Small();
   c.ffn_dim = 4096;  // w_down: 4096 columns, f16: 16 KiB of x + 8 KiB a row
-  struct Case {
-    DType type;
-    cpu::ActivationMode mode;
-    bool pack;
-    bool want;
-  };
-  const Case cases[] = {
+  const PackCase cases[] = {
       {DType::kF16, cpu::ActivationMode::kAuto, true, true},
       {DType::kF16, cpu::ActivationMode::kAuto, false, false},
       {DType::kQ8_0, cpu::ActivationMode::kAuto, true, true},
       {DType::kQ8_0, cpu::ActivationMode::kInt8, true, false},
   };
-  for (const Case& k : cases) {
-    const std::string what = std::string(DTypeName(k.type)) + " mode " + std::to_string(static_cast<int>(k.mode)) +
-                             (k.pack ? "" : " pack_weights=false");
-    cpu::SetActivationMode(k.mode);
-    const std::string path = WriteSynthetic(c, k.type, "wide");
-    LoadOptions lo;
-    lo.pack_weights = k.pack;
-    auto m = LoadModel(path, lo);
-    cpu::SetActivationMode(cpu::ActivationMode::kAuto);
+  for (const PackCase& k : cases) {
+    const std::string what = k.What();
+    auto m = LoadUnder(c, k, "wide");
     ASSERT_TRUE(m) << m.error().ToString();
     const Tensor& down = (*m)->weights.layers[1].w_down;
     EXPECT_EQ(down.panels != nullptr, k.want) << what;
