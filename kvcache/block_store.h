@@ -171,6 +171,11 @@ class BlockStore {
     return false;
   }
   virtual void Unpin(const BlockHash& h) { (void)h; }
+  // Every block held now, the one the store would evict next first (blocks
+  // it may not evict now, pinned ones, last): a graceful stop writes the
+  // tiers above a disk down in this order (TierMover::WriteDown). Default:
+  // none (stores whose bytes a caller cannot Locate).
+  virtual std::vector<BlockHash> HeldInEvictionOrder() const { return {}; }
   // A request asked `h` kept for `nanos` from now (its cache_ttl_seconds;
   // a duration, as the store may run on its own clock): the store evicts
   // other blocks first until then. Called after SubmitWrite(h) or a read of

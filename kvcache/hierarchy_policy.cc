@@ -398,6 +398,11 @@ void HierarchyPolicy::TierLeft(size_t tier, int32_t tier_slot, bool evicted) {
   }
 }
 
+void HierarchyPolicy::KeepCopies() {
+  copies_first_ = false;
+  while (copies_.Front() != LruList::kNone) copies_.PopFront();
+}
+
 void HierarchyPolicy::Settle(const std::function<bool(uint64_t key)>& write_pending) {
   if (num_in_transit_ == 0) {
     transit_.clear();

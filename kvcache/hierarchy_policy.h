@@ -93,6 +93,15 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
   // Forgets the blocks in transit for which `write_pending(key)` is false
   // (their write-back was dropped or failed). Cheap when none is in transit.
   void Settle(const std::function<bool(uint64_t key)>& write_pending);
+  // From now on the last tier keeps its copies of blocks held above: it
+  // evicts P's victim among the blocks only it holds first, and a copy
+  // (least recently stored or read first) only when it holds nothing else,
+  // as without copies_first. A graceful stop calls it before writing the
+  // device's and upper tiers' blocks into the last tier
+  // (TierMover::WriteDown): those copies are then what a restart keeps.
+  // Idempotent.
+  void KeepCopies();
+  bool copies_first() const { return copies_first_; }
   // Blocks in transit now.
   size_t in_transit() const { return num_in_transit_; }
   const EvictionPolicy& policy() const { return *p_; }

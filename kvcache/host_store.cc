@@ -194,6 +194,15 @@ std::vector<BlockHash> HostStore::HeldBlocks() const {
   return out;
 }
 
+std::vector<BlockHash> HostStore::HeldInEvictionOrder() const {
+  std::vector<BlockHash> out;
+  out.reserve(index_.size());
+  for (int32_t slot : policy_->Order()) out.push_back(slot_hash_[static_cast<size_t>(slot)]);
+  for (const auto& [h, slot] : index_)
+    if (!policy_->evictable(slot)) out.push_back(h);
+  return out;
+}
+
 std::optional<BlockStore::BlockLocation> HostStore::Locate(const BlockHash& h) const {
   if (metadata_only_ || !IsValid(segment_)) return std::nullopt;
   auto it = index_.find(h);

@@ -93,6 +93,7 @@ class HostStore final : public BlockStore {
   void KeepFor(const BlockHash& h, int64_t nanos) override;
   bool Pin(const BlockHash& h) override;
   void Unpin(const BlockHash& h) override;
+  std::vector<BlockHash> HeldInEvictionOrder() const override;
   // Slots pinned now (including ones dropped while pinned).
   size_t pinned_slots() const { return pinned_hashes_.size(); }
   const EvictionPolicy& policy() const { return *policy_; }

@@ -42,6 +42,11 @@ Status CheckLookupTimeout(std::string_view where, int64_t v) {
   return Status::Ok();
 }
 
+Status CheckWriteDown(std::string_view where, int64_t v) {
+  if (v < 0 || v > 3600) return Bad(where, "out of range [0, 3600] s: " + std::to_string(v));
+  return Status::Ok();
+}
+
 Status CheckPrefetch(std::string_view where, int64_t v) {
   if (v < 0 || v > 4096) return Bad(where, "out of range [0, 4096]: " + std::to_string(v));
   return Status::Ok();
@@ -54,7 +59,7 @@ const std::vector<std::string>& KvConfigKeys() {
       "kv.block_size", "kv.dtype",      "kv.device_bytes",     "kv.host_bytes",
       "kv.disk_path",  "kv.disk_bytes", "kv.disk_admit_after", "kv.load_policy",
       "kv.host_write_policy", "kv.disk_write_policy", "kv.prefetch_max_requests", "kv.host_pin", "kv.remote", "kv.tiers",
-      "kv.lookup_timeout_ms", "kv.eviction_policy"};
+      "kv.lookup_timeout_ms", "kv.eviction_policy", "kv.stop_write_down_seconds"};
   return keys;
 }
 
@@ -182,6 +187,12 @@ Result<KvCacheConfig> KvCacheConfigFromYaml(const Config& cfg, const KvCacheConf
     STRATA_RETURN_IF_ERROR(CheckLookupTimeout(o + "kv.lookup_timeout_ms", *v));
     c.lookup_timeout_ms = static_cast<int>(*v);
   }
+  if (cfg.Has("kv.stop_write_down_seconds")) {
+    auto v = cfg.GetInt("kv.stop_write_down_seconds", c.stop_write_down_seconds);
+    if (!v) return named(v.error(), "kv.stop_write_down_seconds");
+    STRATA_RETURN_IF_ERROR(CheckWriteDown(o + "kv.stop_write_down_seconds", *v));
+    c.stop_write_down_seconds = static_cast<int>(*v);
+  }
   if (cfg.Has("kv.host_pin")) {
     auto v = cfg.GetBool("kv.host_pin", c.host_pin);
     if (!v) return named(v.error(), "kv.host_pin");
@@ -260,6 +271,12 @@ Status ApplyKvFlag(std::string_view flag, std::string_view value, KvCacheConfig*
     STRATA_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, value));
     STRATA_RETURN_IF_ERROR(CheckPrefetch(flag, v));
     c->prefetch_max_requests = static_cast<int>(v);
+    return Status::Ok();
+  }
+  if (flag == "--kv-stop-write-down-seconds") {
+    STRATA_ASSIGN_OR_RETURN(int64_t v, ParseInt(flag, value));
+    STRATA_RETURN_IF_ERROR(CheckWriteDown(flag, v));
+    c->stop_write_down_seconds = static_cast<int>(v);
     return Status::Ok();
   }
   if (flag == "--kv-lookup-timeout-ms") {

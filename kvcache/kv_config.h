@@ -49,6 +49,12 @@ struct KvCacheConfig {
   // lower-tier miss (EngineOptions::lookup_timeout_seconds). Local tiers
   // answer at once; it matters for tiers whose index is remote.
   int lookup_timeout_ms = 50;
+  // kv.stop_write_down_seconds --kv-stop-write-down-seconds: at a graceful
+  // stop, how long `strata serve` may spend writing the device's and the
+  // host tier's blocks into the disk tier (KvManager::WriteDown), so that a
+  // restart finds the hottest blocks there; 0 = off; 0 to 3600. No effect
+  // without a disk tier.
+  int stop_write_down_seconds = 30;
   // kv.host_pin --kv-host-pin: page-lock the host tier's buffer
   // (cudaHostRegister) when a CUDA device is present, so device copies run
   // at full speed; false leaves it pageable (operators who cannot spare

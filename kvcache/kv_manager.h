@@ -213,6 +213,14 @@ class KvManager {
   // returned, and the rest are not.
   Result<FlushResult> Flush(bool device, const std::vector<bool>& lower_tiers, bool all_namespaces = false);
 
+  // Graceful stop (kv.stop_write_down_seconds): writes what the device pool
+  // and the tiers above the last disk tier hold into that disk, so a
+  // restart finds the hottest blocks (TierMover::WriteDown says how).
+  // Blocking, at most `max_seconds`; nothing without a disk tier. REQUIRES:
+  // the engine has stopped (no Allocate, Commit or Reserve any more); the
+  // manager is destroyed next.
+  WriteDownResult WriteDown(double max_seconds) { return mover_->WriteDown(max_seconds); }
+
   // --- Blocks a peer fills (prefill/decode disaggregation, issue 19) ---
   // A decode instance reserves device blocks for a prompt whose KV another
   // instance computes and writes into them (the transfer engine), then

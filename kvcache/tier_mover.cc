@@ -733,6 +733,7 @@ void TierMover::Complete(const StoreCompletion& c) {
     STRATA_LOG_DEBUG("kv manager: write to {} failed: {}", lowers_[t].name, c.status.ToString());
   }
   if (op.holds_block) pool_->Release(op.block);
+  if (op.unpin_tier >= 0) lowers_[static_cast<size_t>(op.unpin_tier)].store->Unpin(op.hash);
   staging_->Release(op.staging);
 }
 

@@ -83,6 +83,18 @@ struct LoadDone {
 };
 using LoadDoneFn = std::function<void(const LoadDone&)>;
 
+// What TierMover::WriteDown did.
+struct WriteDownResult {
+  int tier = -1;             // the tier written to; -1: no disk tier (nothing done)
+  uint64_t kept = 0;         // blocks chosen to be there afterwards (at most its slots)
+  uint64_t already = 0;      // of those, held by it already
+  uint64_t written = 0;      // writes that landed
+  uint64_t refused = 0;      // writes it declined (every slot busy)
+  uint64_t failed = 0;       // writes that failed or could not be submitted
+  uint64_t not_submitted = 0;  // left out when max_seconds ran out
+  double seconds = 0;
+};
+
 class TierMover {
  public:
   // REQUIRES: no null store, none attached to another segment table;
@@ -168,6 +180,26 @@ class TierMover {
   // no write will store. Not owned; null = none.
   void set_hierarchy(HierarchyPolicy* hierarchy) { hierarchy_ = hierarchy; }
 
+  // A graceful stop (kv.stop_write_down_seconds): the last disk tier is
+  // the one cache a restart finds, but once full it holds what no tier above
+  // holds (it gives up its copies of their blocks first: hierarchy_policy.h),
+  // so the hottest blocks would be lost. This writes into it what the device
+  // pool and the tiers between hold and it lacks: it first waits for what
+  // is in flight, tells the one policy to keep the last tier's copies
+  // (HierarchyPolicy::KeepCopies), then ranks the blocks, the most
+  // valuable first (device blocks in use, then the device's cached ones
+  // from the last to be evicted, then each tier's from its last victim, the
+  // nearest tier first), keeps the first as many as the disk has slots
+  // (counting what it already holds) and writes the missing ones, the least
+  // valuable first, at most 32 at a time (the disk then evicts the blocks
+  // only it holds, by the policy's order, before any of these). Blocks the
+  // tiers above hold are pinned while written from their memory. Waits for
+  // the writes, at most `max_seconds` in all (real time); what is left is
+  // not submitted, and writes in flight at the end complete in the
+  // destructor's drain. Blocking: the engine must have stopped (no request
+  // allocates any more). A disk tier with its own policy evicts by it.
+  WriteDownResult WriteDown(double max_seconds);
+
   // Handles finished operations. Never blocks. Returns how many.
   size_t Poll();
   // Operations submitted and not yet handled by Poll().
@@ -203,6 +235,7 @@ class TierMover {
     uint64_t epoch = 0;       // loads
     int32_t block_index = 0;  // loads
     StageDoneFn stage_done = {};  // stages
+    int unpin_tier = -1;          // a write from tier unpin_tier's memory (WriteDown): unpinned when done
   };
   // An asynchronous lookup walking the chain as LowerHits does: at `pos`,
   // tier `tier` is being asked (question tag `asking`, 0 = none).
@@ -270,6 +303,18 @@ class TierMover {
   // Finishes the staged loads whose copy completed; returns how many.
   size_t FinishCopiedLoads();
   void FinishLoad(const Op& op, const Status& status);
+  // WriteDown's parts (tier_write_down.cc).
+  struct DownCandidate {
+    int source = -1;  // -1: the device pool (block), else the lower tier holding it
+    BlockId block;
+    BlockHash hash;
+  };
+  std::vector<DownCandidate> RankForWriteDown(size_t target, WriteDownResult* r) const;
+  // Submits one candidate's write into `target`; false when it could not.
+  bool SubmitWriteDown(size_t target, const DownCandidate& c);
+  // Polls (sleeping briefly when nothing finished) while more than `max_ops`
+  // operations are in flight and `deadline` (steady clock nanoseconds) is ahead.
+  void WaitOps(size_t max_ops, int64_t deadline);
   void Complete(const StoreCompletion& c);
 
   const KvManagerOptions options_;

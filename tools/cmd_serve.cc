@@ -472,6 +472,18 @@ int Run(CLI::App* cmd, ServeFlags& f) {
   if (kv_pool) StopServing(*kv_pool);  // no more resolves; host tiers no longer exported
   grpc.reset();
   engine->reset();  // before the KV stack it points into
+  if (f.engine.kv.stop_write_down_seconds > 0) {
+    // The engine has stopped: the disk tier takes what the device and host
+    // hold, so a restart finds it (a full disk holds what they do not).
+    const kvcache::WriteDownResult w = (*stack)->manager->WriteDown(f.engine.kv.stop_write_down_seconds);
+    if (w.tier >= 0) {
+      STRATA_LOG_INFO(
+          "kv: wrote {} blocks down to the {} tier in {:.2f} s ({} kept there, {} of them held already; {} refused, "
+          "{} failed, {} left at the {} s limit)",
+          w.written, (*stack)->manager->tier_name(w.tier + 1), w.seconds, w.kept, w.already, w.refused, w.failed,
+          w.not_submitted, f.engine.kv.stop_write_down_seconds);
+    }
+  }
   stack->reset();   // drains the lower tiers (the remote tier's reads use the directory and transfer engine)
   kv_pool.reset();
   pd_prefill.reset();

@@ -55,6 +55,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--kv-lookup-timeout-ms", CLI::callback_t{},
                   "how long a waiting request waits for the KV tiers' answer on its cached prefix before counting it a "
                   "miss (default 50)");
+  cmd->add_option("--kv-stop-write-down-seconds", CLI::callback_t{},
+                  "at a graceful stop, at most this long writing the device's and host tier's blocks into the disk "
+                  "tier so a restart finds them (0 = off; default 30)");
   cmd->add_option("--kv-remote", CLI::callback_t{},
                   "true: a remote tier last in the chain, reading blocks other instances of the cluster hold "
                   "(needs --metadata; same as {kind: remote} in kv.tiers)")
@@ -132,7 +135,7 @@ bool ResolveEngineFlags(CLI::App* cmd, EngineFlags* f, std::string* model_path, 
   }
   for (const char* flag :
        {"--kv-host-write-policy", "--kv-disk-write-policy", "--kv-prefetch-max-requests", "--kv-lookup-timeout-ms",
-        "--kv-host-pin", "--kv-remote", "--kv-eviction-policy"}) {
+        "--kv-stop-write-down-seconds", "--kv-host-pin", "--kv-remote", "--kv-eviction-policy"}) {
     if (unset(flag)) continue;
     std::string text = cmd->get_option(flag)->as<std::string>();
     if (text.empty()) text = "true";  // a bare --kv-remote

@@ -2,7 +2,9 @@
 // finish, a zero grace period cancels it cleanly; the config file's server.*
 // and engine.* keys apply and a misspelt key is refused by name; a taken
 // port is a clear error; the disk KV tier carries a prefix across a restart
-// of the server (cached_tokens_by_tier.disk on the second run).
+// of the server (cached_tokens_by_tier.disk on the second run), also the
+// hottest prompt a full disk had given up to the tiers above (written down
+// at the stop: kv.stop_write_down_seconds).
 
 #include <gtest/gtest.h>
 
@@ -172,6 +174,54 @@ TEST(ServeLifecycle, DiskTierServesPrefixAfterRestart) {
   EXPECT_EQ(details["cached_tokens_by_tier"]["disk"], whole_blocks) << second.raw;
   EXPECT_EQ(details["cached_tokens_by_tier"]["device"], 0) << second.raw;
   StopCleanly(server.get());
+}
+
+// A full disk under the one policy holds what the device and host tiers do
+// not; the hot prompt lives there, so without the write-down at the stop a
+// restart recomputes it, and with it (the default) the disk serves it.
+TEST(ServeLifecycle, StopWritesTheHotPrefixDownToAFullDisk) {
+  auto prompt = [](char c) {
+    return json{{"model", "tiny"}, {"prompt", std::string(300, c)}, {"max_tokens", 2}, {"temperature", 0}};
+  };
+  // 32 KiB blocks of 64 tokens: device 16 blocks, host 8, disk 16.
+  auto run = [&](const std::string& write_down_seconds) -> json {
+    const std::string disk = MakeTempDir("serve-write-down");
+    const std::vector<std::string> flags = {
+        "--kv-block-size",  "64",   "--kv-dtype",      "f32",  "--kv-device-bytes", "512K", "--kv-host-bytes",
+        "256K",             "--kv-disk-path", disk,    "--kv-disk-bytes", "512K", "--kv-load-policy", "always",
+        "--kv-stop-write-down-seconds", write_down_seconds};
+    {
+      auto server = StartTinyServer(flags);
+      if (server == nullptr) return json();
+      // The hot prompt between every other one: it stays on the device, and
+      // its disk copy, the oldest, is the first the full disk gives up.
+      for (char c : std::string("bcdefgh")) {
+        JsonResponse hot = PostJson(server->http_port(), "/v1/completions", prompt('a'));
+        EXPECT_EQ(hot.status, 200) << hot.raw;
+        JsonResponse r = PostJson(server->http_port(), "/v1/completions", prompt(c));
+        EXPECT_EQ(r.status, 200) << r.raw;
+      }
+      JsonResponse hot = PostJson(server->http_port(), "/v1/completions", prompt('a'));
+      EXPECT_EQ(hot.status, 200) << hot.raw;
+      EXPECT_GT(hot.body["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]["device"], 0) << hot.raw;
+      StopCleanly(server.get());
+    }
+    auto server = StartTinyServer(flags);
+    if (server == nullptr) return json();
+    JsonResponse again = PostJson(server->http_port(), "/v1/completions", prompt('a'));
+    EXPECT_EQ(again.status, 200) << again.raw;
+    StopCleanly(server.get());
+    return again.body["usage"];
+  };
+  const json off = run("0");
+  const json on = run("30");
+  ASSERT_TRUE(off.is_object() && on.is_object());
+  const int whole_blocks = (off["prompt_tokens"].get<int>() - 1) / 64 * 64;
+  ASSERT_GE(whole_blocks, 256);
+  EXPECT_LT(off["prompt_tokens_details"]["cached_tokens"].get<int>(), whole_blocks)
+      << "without the write-down the full disk lacks the hot prompt: " << off.dump();
+  EXPECT_EQ(on["prompt_tokens_details"]["cached_tokens"], whole_blocks) << on.dump();
+  EXPECT_EQ(on["prompt_tokens_details"]["cached_tokens_by_tier"]["disk"], whole_blocks) << on.dump();
 }
 
 }  // namespace

@@ -214,5 +214,28 @@ TEST(KvConfigPolicyTest, LookupTimeoutFromYamlAndFlagWithRangeErrors) {
       << z.error().message();
 }
 
+TEST(KvConfigPolicyTest, StopWriteDownSecondsFromYamlAndFlagWithRangeErrors) {
+  EXPECT_EQ(KvCacheConfig{}.stop_write_down_seconds, 30);
+  auto cfg = Config::Parse("kv:\n  stop_write_down_seconds: 0\n", "test.yaml");
+  ASSERT_TRUE(cfg.ok());
+  ASSERT_TRUE(cfg->CheckKnownKeys(KvConfigKeys()).ok());
+  auto c = KvCacheConfigFromYaml(*cfg, {});
+  ASSERT_TRUE(c.ok()) << c.error().ToString();
+  EXPECT_EQ(c->stop_write_down_seconds, 0);
+  KvCacheConfig f = *c;
+  ASSERT_TRUE(ApplyKvFlag("--kv-stop-write-down-seconds", "120", &f).ok());
+  EXPECT_EQ(f.stop_write_down_seconds, 120);
+  for (const char* bad : {"3601", "-1", "soon"}) {
+    Status s = ApplyKvFlag("--kv-stop-write-down-seconds", bad, &f);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.message().find("--kv-stop-write-down-seconds"), std::string::npos) << s.message();
+  }
+  auto big = Config::Parse("kv:\n  stop_write_down_seconds: 7200\n", "test.yaml");
+  ASSERT_TRUE(big.ok());
+  auto b = KvCacheConfigFromYaml(*big, {});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.error().message().find("kv.stop_write_down_seconds"), std::string::npos) << b.error().message();
+}
+
 }  // namespace
 }  // namespace strata::kvcache
