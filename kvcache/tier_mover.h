@@ -190,9 +190,11 @@ class TierMover {
   // valuable first (device blocks in use, then the device's cached ones
   // from the last to be evicted, then each tier's from its last victim, the
   // nearest tier first), keeps the first as many as the disk has slots
-  // (counting what it already holds) and writes the missing ones, the least
-  // valuable first, at most 32 at a time (the disk then evicts the blocks
-  // only it holds, by the policy's order, before any of these). Blocks the
+  // (counting what it already holds) and writes the missing ones, the most
+  // valuable first (a time limit leaves out the least valuable), at most 32
+  // at a time; the disk makes room by evicting the blocks only it holds, in
+  // the policy's order, and only once none is left its least recently
+  // stored or read copies. Blocks the
   // tiers above hold are pinned while written from their memory. Waits for
   // the writes, at most `max_seconds` in all (real time); what is left is
   // not submitted, and writes in flight at the end complete in the

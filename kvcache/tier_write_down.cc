@@ -60,8 +60,7 @@ std::vector<TierMover::DownCandidate> TierMover::RankForWriteDown(size_t target,
     const std::vector<BlockHash> held = lowers_[t].store->HeldInEvictionOrder();
     for (auto it = held.rbegin(); it != held.rend(); ++it) add({static_cast<int>(t), BlockId(), *it});
   }
-  std::reverse(ranked.begin(), ranked.end());  // written the least valuable first
-  return ranked;
+  return ranked;  // written in this order: a time limit leaves out the least valuable
 }
 
 bool TierMover::SubmitWriteDown(size_t target, const DownCandidate& c) {

@@ -478,7 +478,7 @@ int Run(CLI::App* cmd, ServeFlags& f) {
     const kvcache::WriteDownResult w = (*stack)->manager->WriteDown(f.engine.kv.stop_write_down_seconds);
     if (w.tier >= 0) {
       STRATA_LOG_INFO(
-          "kv: wrote {} blocks down to the {} tier in {:.2f} s ({} kept there, {} of them held already; {} refused, "
+          "kv: wrote {} blocks down to the {} tier in {:.3f} s ({} kept there, {} of them held already; {} refused, "
           "{} failed, {} left at the {} s limit)",
           w.written, (*stack)->manager->tier_name(w.tier + 1), w.seconds, w.kept, w.already, w.refused, w.failed,
           w.not_submitted, f.engine.kv.stop_write_down_seconds);
