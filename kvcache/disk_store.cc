@@ -107,6 +107,8 @@ class DiskStoreImpl final : public DiskStore {
   Status ReplaceEvictionPolicy(const PolicyFactory& make) override;
   uint64_t slot_bytes() const override { return slot_bytes_; }
   const DiskStoreOptions& options() const override { return options_; }
+  size_t ios_in_flight() const override { return in_flight_; }
+  size_t ios_queued() const override { return pending_.size(); }
 
  private:
   // The slab files as one kFile segment (capacity bytes, reached only
@@ -217,6 +219,7 @@ Status DiskStoreImpl::Init() {
   if (o.queue_depth == 0 || o.queue_depth > 4096) {
     return Status::InvalidArgument("disk store: queue_depth must be in 1..4096");
   }
+  if (o.bounce_buffers == 0) return Status::InvalidArgument("disk store: bounce_buffers must be >= 1");
   slot_bytes_ = AlignUp(o.block_bytes, kDiskAlign);
   slots_per_slab_ = std::max<uint64_t>(1, o.slab_file_bytes / slot_bytes_);
   slab_bytes_ = slots_per_slab_ * slot_bytes_;
@@ -254,11 +257,12 @@ Status DiskStoreImpl::Init() {
 
   STRATA_ASSIGN_OR_RETURN(index_, DiskIndex::Open(o.directory + "/index"));
   STRATA_ASSIGN_OR_RETURN(ring_, DiskRing::Create(o.queue_depth));
-  STRATA_ASSIGN_OR_RETURN(bounce_, AlignedBuffer::Allocate(o.queue_depth * slot_bytes_));
+  const unsigned bounce = std::min(o.bounce_buffers, o.queue_depth);
+  STRATA_ASSIGN_OR_RETURN(bounce_, AlignedBuffer::Allocate(bounce * slot_bytes_));
   std::vector<std::span<uint8_t>> bufs;
-  for (unsigned i = 0; i < o.queue_depth; ++i) {
+  for (unsigned i = 0; i < bounce; ++i) {
     bufs.push_back(bounce_.span().subspan(i * slot_bytes_, slot_bytes_));
-    free_buffers_.push_back(static_cast<int>(o.queue_depth - 1 - i));
+    free_buffers_.push_back(static_cast<int>(bounce - 1 - i));
   }
   fixed_buffers_ = ring_->RegisterBuffers(bufs);
   if (!fixed_buffers_) STRATA_LOG_DEBUG("disk store: io_uring fixed buffers refused; using plain");

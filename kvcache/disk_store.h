@@ -27,8 +27,8 @@
 // Memory: reads and writes name regions of host-addressable memory in the
 // attached SegmentTable (device memory is refused: stage it through host
 // memory first). Attach registers the slab files as one kFile segment of
-// the store's capacity and the bounce buffers (queue_depth slots, used when
-// a caller's region is not 4096-aligned) as host memory.
+// the store's capacity and the bounce buffers (bounce_buffers slots, used
+// when a caller's region is not 4096-aligned) as host memory.
 //
 // Thread-safety: as BlockStore, one thread drives a store. Two stores must not
 // share a directory (RocksDB's lock makes the second Open fail).
@@ -57,7 +57,16 @@ struct DiskStoreOptions {
   // (Debian's build asserts on a failed WAL write). Growth that would leave
   // less than this free is refused like ENOSPC.
   uint64_t reserve_bytes = 32ull << 20;
-  unsigned queue_depth = 32;  // I/Os in flight, also the number of bounce buffers
+  // I/Os in flight (the io_uring's size). The store has no thread: it
+  // starts queued I/Os only when polled or handed a new one, so this bounds
+  // what one poll gets going. The engine polls twice a step, and a step
+  // commits up to max_batch_tokens / block_size blocks, each written
+  // through, with the host tier's drops coming down too: with 32, a long
+  // prefill's writes fell seconds behind (docs/simulator.md).
+  unsigned queue_depth = 256;
+  // Bounce buffers (one slot each) for I/O on memory that is not
+  // 4096-aligned; such I/O waits for a free one. At most queue_depth.
+  unsigned bounce_buffers = 32;
   // Namespaces this store serves; empty = every namespace. A stored block of
   // another namespace is foreign: not counted by Contains/CountPrefix, and a
   // read of it fails, drops it and counts it corrupt.
@@ -86,6 +95,11 @@ class DiskStore : public BlockStore {
   // Slot size: block_bytes rounded up to 4096.
   virtual uint64_t slot_bytes() const = 0;
   virtual const DiskStoreOptions& options() const = 0;
+  // I/Os submitted to the kernel and not yet completed (at most
+  // queue_depth), and I/Os queued behind them (waiting for room in the
+  // ring or for a bounce buffer).
+  virtual size_t ios_in_flight() const = 0;
+  virtual size_t ios_queued() const = 0;
 };
 
 }  // namespace strata::kvcache
