@@ -12,6 +12,8 @@
 # p50/p90/mean and the run's length; then `strata bench simulate` of the
 # same configuration per policy (the hit ratio in blocks that the live run
 # should reproduce; requests over the model's context are skipped in both).
+# The server's strata_kv_* metrics at the end of each run go to
+# OUT_DIR/r<round>-<policy>.metrics.txt.
 #
 # Usage: bench/policy_replay.sh [OUT_DIR]
 #   env: STRATA (build/tools/strata), MODEL (bench-110m q8_0 synthesised into
@@ -76,6 +78,8 @@ for round in $(seq 1 "$ROUNDS"); do
     "$STRATA" bench run --url "http://127.0.0.1:$port" --workload "trace:$TRACE" --max-requests "$MAX_REQUESTS" \
       --tokens-per-hash-id 16 --concurrency 1 --out "$OUT/$tag.json" > "$OUT/$tag.bench.log" 2>&1
     echo "$(( $(date +%s) - start ))" > "$OUT/$tag.seconds"
+    # The server's KV counters (tier writes, write-backs dropped, refused, failed loads).
+    curl -s "http://127.0.0.1:$port/metrics" | grep -E '^strata_kv_' > "$OUT/$tag.metrics.txt" || true
     kill -TERM "$pid"
     wait "$pid" || true
     rm -rf "$OUT/$tag.disk"
