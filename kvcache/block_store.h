@@ -176,6 +176,15 @@ class BlockStore {
   // tiers above a disk down in this order (TierMover::WriteDown). Default:
   // none (stores whose bytes a caller cannot Locate).
   virtual std::vector<BlockHash> HeldInEvictionOrder() const { return {}; }
+  // A use of held block `h` that is not a read: its recency moves to now
+  // (persisted where the store keeps recency across restarts, the disk
+  // tier). A graceful stop refreshes what it keeps in the disk, the least
+  // valuable first, so that a restart evicts in that order. False when not
+  // held. Default: nothing (false).
+  virtual bool Refresh(const BlockHash& h) {
+    (void)h;
+    return false;
+  }
   // A request asked `h` kept for `nanos` from now (its cache_ttl_seconds;
   // a duration, as the store may run on its own clock): the store evicts
   // other blocks first until then. Called after SubmitWrite(h) or a read of

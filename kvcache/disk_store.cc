@@ -108,6 +108,12 @@ class DiskStoreImpl final : public DiskStore {
   uint64_t slot_bytes() const override { return slot_bytes_; }
   const DiskStoreOptions& options() const override { return options_; }
   size_t ios_in_flight() const override { return in_flight_; }
+  bool Refresh(const BlockHash& h) override {
+    auto it = entries_.find(h);
+    if (it == entries_.end()) return false;
+    Touch(it->second, h);
+    return true;
+  }
   size_t ios_queued() const override { return pending_.size(); }
 
  private:

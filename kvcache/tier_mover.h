@@ -194,7 +194,9 @@ class TierMover {
   // valuable first (a time limit leaves out the least valuable), at most 32
   // at a time; the disk makes room by evicting the blocks only it holds, in
   // the policy's order, and only once none is left its least recently
-  // stored or read copies. Blocks the
+  // stored or read copies. Then it refreshes every block kept there, the
+  // least valuable first (BlockStore::Refresh), so that the disk's
+  // persisted recency, which a restart evicts by, follows the ranking. Blocks the
   // tiers above hold are pinned while written from their memory. Waits for
   // the writes, at most `max_seconds` in all (real time); what is left is
   // not submitted, and writes in flight at the end complete in the
@@ -310,6 +312,7 @@ class TierMover {
     int source = -1;  // -1: the device pool (block), else the lower tier holding it
     BlockId block;
     BlockHash hash;
+    bool held = false;  // the target holds it already (or is writing it)
   };
   std::vector<DownCandidate> RankForWriteDown(size_t target, WriteDownResult* r) const;
   // Submits one candidate's write into `target`; false when it could not.

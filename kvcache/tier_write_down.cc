@@ -38,11 +38,11 @@ std::vector<TierMover::DownCandidate> TierMover::RankForWriteDown(size_t target,
   auto add = [&](const DownCandidate& c) {
     if (r->kept >= slots || !seen.insert(c.hash).second) return;
     ++r->kept;
-    if (disk.Contains(c.hash) || writes_in_flight_[target].contains(c.hash)) {
-      ++r->already;
-      return;
-    }
     ranked.push_back(c);
+    if (disk.Contains(c.hash) || writes_in_flight_[target].contains(c.hash)) {
+      ranked.back().held = true;
+      ++r->already;
+    }
   };
   // The device: blocks still in use (referenced), then the cached ones from
   // the last the policy would evict.
@@ -60,7 +60,7 @@ std::vector<TierMover::DownCandidate> TierMover::RankForWriteDown(size_t target,
     const std::vector<BlockHash> held = lowers_[t].store->HeldInEvictionOrder();
     for (auto it = held.rbegin(); it != held.rend(); ++it) add({static_cast<int>(t), BlockId(), *it});
   }
-  return ranked;  // written in this order: a time limit leaves out the least valuable
+  return ranked;  // the most valuable first
 }
 
 bool TierMover::SubmitWriteDown(size_t target, const DownCandidate& c) {
@@ -111,6 +111,7 @@ WriteDownResult TierMover::WriteDown(double max_seconds) {
   const std::vector<DownCandidate> ranked = RankForWriteDown(tt, &r);
   uint64_t skipped = 0;  // gone from their tier, or not pinnable there
   for (size_t i = 0; i < ranked.size(); ++i) {
+    if (ranked[i].held) continue;
     WaitOps(kWriteDownWindow - 1, deadline);
     // A device block in memory a store cannot address takes a staging
     // buffer until its write lands.
@@ -118,12 +119,16 @@ WriteDownResult TierMover::WriteDown(double max_seconds) {
       if (Poll() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     if (SteadyNanos() >= deadline) {
-      r.not_submitted = ranked.size() - i;
+      for (size_t k = i; k < ranked.size(); ++k) r.not_submitted += !ranked[k].held;
       break;
     }
     if (!SubmitWriteDown(tt, ranked[i])) ++skipped;
   }
   WaitOps(0, deadline);
+  // A restart evicts by the disk's persisted recency: the least valuable
+  // kept block becomes the least recent.
+  for (auto it = ranked.rbegin(); it != ranked.rend(); ++it) lowers_[tt].store->Refresh(it->hash);
+  Poll();  // persists them
   const LowerTierStats& after = stats_.tiers[tt];
   r.written = (after.bytes_down - before.bytes_down) / std::max<uint64_t>(1, options_.block_bytes);
   r.refused = after.writes_refused - before.writes_refused;

@@ -205,6 +205,43 @@ TEST(KvWriteDownTest, ASmallDiskKeepsTheMostValuable) {
   }
 }
 
+// The disk's persisted recency follows the ranking: after a restart (lru
+// resumes that order) new blocks evict the disk's own blocks first, then
+// the host's (16, 17), and keep the device's (18-20). Written the most
+// valuable first and not refreshed, 20 and 19 would have been the least
+// recent blocks written, and gone first.
+TEST(KvWriteDownTest, ARestartEvictsTheLeastValuableFirst) {
+  const std::string dir = testing::MakeDirectIoTempDir("strata-write-down-");
+  ASSERT_FALSE(dir.empty()) << "no filesystem here takes O_DIRECT";
+  auto s = RunTwenty(dir + "/disk", 8, "lru");
+  ASSERT_NE(s, nullptr);
+  const WriteDownResult w = s->mgr->WriteDown(60);
+  EXPECT_EQ(w.kept, 5u);
+  s->mgr.reset();
+  s->disk.reset();
+  auto disk = OpenDisk(dir + "/disk", 8, "lru");
+  ASSERT_NE(disk, nullptr);
+  ManualClock clock;
+  std::vector<uint8_t> device(4 * kBytes, 0);
+  uint8_t* base = device.data();
+  auto mem = [base](BlockId id) { return base + id.value() * kBytes; };
+  std::vector<LowerTier> tiers = {{disk.get(), WritePolicy::kWriteThrough, 0, 0}};
+  auto mgr = std::move(KvManager::Create(Options(4, "lru"), mem, std::move(tiers), &clock)).value();
+  // 7 new blocks, written through; the disk, the last tier of one policy
+  // with the device, also gives up its copies of what the device holds
+  // (the newest prompts) before its other blocks.
+  for (int k = 21; k <= 27; ++k) {
+    EXPECT_EQ(RunPrompt(*mgr, device, static_cast<uint64_t>(k), k), 0);
+    Settle(*mgr, 0);
+  }
+  std::string held;
+  for (int k = 1; k <= 27; ++k)
+    if (DiskHolds(*disk, k)) held += std::to_string(k) + " ";
+  SCOPED_TRACE("the disk holds prompts " + held);
+  for (int k = 18; k <= 20; ++k) EXPECT_TRUE(DiskHolds(*disk, k)) << "prompt " << k;
+  for (int k = 1; k <= 17; ++k) EXPECT_FALSE(DiskHolds(*disk, k)) << "prompt " << k;
+}
+
 // Nothing to do without a disk tier, or with no time.
 TEST(KvWriteDownTest, NoDiskTierOrNoTimeDoesNothing) {
   ManualClock clock;
