@@ -32,7 +32,9 @@ void TierMover::WaitOps(size_t max_ops, int64_t deadline) {
 
 std::vector<TierMover::DownCandidate> TierMover::RankForWriteDown(size_t target, WriteDownResult* r) const {
   const BlockStore& disk = *lowers_[target].store;
-  const uint64_t slots = options_.block_bytes == 0 ? 0 : disk.stats().capacity_bytes / options_.block_bytes;
+  // The disk's slots are blocks rounded up to 4096 bytes (O_DIRECT).
+  const uint64_t slot_bytes = (options_.block_bytes + 4095) / 4096 * 4096;
+  const uint64_t slots = slot_bytes == 0 ? 0 : disk.stats().capacity_bytes / slot_bytes;
   std::vector<DownCandidate> ranked;  // the most valuable first
   std::unordered_set<BlockHash, BlockHashHasher> seen;
   auto add = [&](const DownCandidate& c) {
