@@ -101,7 +101,6 @@ class HierarchyPolicy : public std::enable_shared_from_this<HierarchyPolicy> {
   // (TierMover::WriteDown): those copies are then what a restart keeps.
   // Idempotent.
   void KeepCopies();
-  bool copies_first() const { return copies_first_; }
   // Blocks in transit now.
   size_t in_transit() const { return num_in_transit_; }
   const EvictionPolicy& policy() const { return *p_; }

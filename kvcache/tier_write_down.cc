@@ -48,13 +48,11 @@ std::vector<TierMover::DownCandidate> TierMover::RankForWriteDown(size_t target,
   };
   // The device: blocks still in use (referenced), then the cached ones from
   // the last the policy would evict.
-  const std::vector<BlockId> order = pool_->EvictionOrder();
-  std::unordered_set<BlockHash, BlockHashHasher> cached;
-  for (BlockId b : order) cached.insert(pool_->hash(b));
   for (const BlockHash& h : pool_->Hashes()) {
-    if (cached.contains(h)) continue;
-    if (auto b = pool_->Lookup(h)) add({-1, *b, h});
+    const std::optional<BlockId> b = pool_->Lookup(h);
+    if (b && pool_->ref(*b) > 0) add({-1, *b, h});
   }
+  const std::vector<BlockId> order = pool_->EvictionOrder();
   for (auto it = order.rbegin(); it != order.rend(); ++it) add({-1, *it, pool_->hash(*it)});
   // The tiers between, the nearest first (in an exclusive chain a block
   // moves down as it cools).

@@ -176,6 +176,13 @@ TEST(ServeLifecycle, DiskTierServesPrefixAfterRestart) {
   StopCleanly(server.get());
 }
 
+// Every request done: no device block is still referenced.
+void ExpectDevicePoolEmpty(int port) {
+  const std::string m = WaitForMetrics(
+      port, [](const std::string& t) { return Gauge(t, "strata_kv_device_blocks_in_use") == 0; }, 30);
+  EXPECT_EQ(Gauge(m, "strata_kv_device_blocks_in_use"), 0) << m;
+}
+
 // A full disk under the one policy holds what the device and host tiers do
 // not; the hot prompt lives there, so without the write-down at the stop a
 // restart recomputes it, and with it (the default) the disk serves it.
@@ -204,12 +211,14 @@ TEST(ServeLifecycle, StopWritesTheHotPrefixDownToAFullDisk) {
       JsonResponse hot = PostJson(server->http_port(), "/v1/completions", prompt('a'));
       EXPECT_EQ(hot.status, 200) << hot.raw;
       EXPECT_GT(hot.body["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"]["device"], 0) << hot.raw;
+      ExpectDevicePoolEmpty(server->http_port());
       StopCleanly(server.get());
     }
     auto server = StartTinyServer(flags);
     if (server == nullptr) return json();
     JsonResponse again = PostJson(server->http_port(), "/v1/completions", prompt('a'));
     EXPECT_EQ(again.status, 200) << again.raw;
+    ExpectDevicePoolEmpty(server->http_port());
     StopCleanly(server.get());
     return again.body["usage"];
   };

@@ -143,6 +143,21 @@ std::vector<int> HeldAbove(const Stack& s) {
   return out;
 }
 
+// A restarted server: a fresh device of 4 blocks over the reopened disk alone.
+struct Restarted {
+  ManualClock clock;
+  std::vector<uint8_t> device = std::vector<uint8_t>(4 * kBytes, 0);
+  std::unique_ptr<KvManager> mgr;
+};
+std::unique_ptr<Restarted> Restart(DiskStore* disk, const std::string& policy) {
+  auto r = std::make_unique<Restarted>();
+  uint8_t* base = r->device.data();
+  auto mem = [base](BlockId id) { return base + id.value() * kBytes; };
+  std::vector<LowerTier> tiers = {{disk, WritePolicy::kWriteThrough, 0, 0}};
+  r->mgr = std::move(KvManager::Create(Options(4, policy), mem, std::move(tiers), &r->clock)).value();
+  return r;
+}
+
 TEST(KvWriteDownTest, AFullDiskTakesWhatTheDeviceAndHostHold) {
   for (const std::string policy : {"s3fifo", "lru"}) {
     SCOPED_TRACE(policy);
@@ -173,15 +188,10 @@ TEST(KvWriteDownTest, AFullDiskTakesWhatTheDeviceAndHostHold) {
     auto disk = OpenDisk(dir + "/disk", 8, policy);
     ASSERT_NE(disk, nullptr);
     for (int k : above) EXPECT_TRUE(DiskHolds(*disk, k)) << "prompt " << k;
-    ManualClock clock;
-    std::vector<uint8_t> device(4 * kBytes, 0);
-    uint8_t* base = device.data();
-    auto mem = [base](BlockId id) { return base + id.value() * kBytes; };
-    std::vector<LowerTier> tiers = {{disk.get(), WritePolicy::kWriteThrough, 0, 0}};
-    auto mgr = std::move(KvManager::Create(Options(4, policy), mem, std::move(tiers), &clock)).value();
-    EXPECT_EQ(RunPrompt(*mgr, device, 100, 20), kBs) << "the hottest prompt loads from the disk, bytes checked";
-    EXPECT_EQ(RunPrompt(*mgr, device, 101, 16), kBs) << "so does the host's coldest";
-    EXPECT_EQ(mgr->stats().tiers[0].loads_failed, 0u);
+    auto r = Restart(disk.get(), policy);
+    EXPECT_EQ(RunPrompt(*r->mgr, r->device, 100, 20), kBs) << "the hottest prompt loads from the disk, bytes checked";
+    EXPECT_EQ(RunPrompt(*r->mgr, r->device, 101, 16), kBs) << "so does the host's coldest";
+    EXPECT_EQ(r->mgr->stats().tiers[0].loads_failed, 0u);
   }
 }
 
@@ -221,18 +231,13 @@ TEST(KvWriteDownTest, ARestartEvictsTheLeastValuableFirst) {
   s->disk.reset();
   auto disk = OpenDisk(dir + "/disk", 8, "lru");
   ASSERT_NE(disk, nullptr);
-  ManualClock clock;
-  std::vector<uint8_t> device(4 * kBytes, 0);
-  uint8_t* base = device.data();
-  auto mem = [base](BlockId id) { return base + id.value() * kBytes; };
-  std::vector<LowerTier> tiers = {{disk.get(), WritePolicy::kWriteThrough, 0, 0}};
-  auto mgr = std::move(KvManager::Create(Options(4, "lru"), mem, std::move(tiers), &clock)).value();
+  auto r = Restart(disk.get(), "lru");
   // 7 new blocks, written through; the disk, the last tier of one policy
   // with the device, also gives up its copies of what the device holds
   // (the newest prompts) before its other blocks.
   for (int k = 21; k <= 27; ++k) {
-    EXPECT_EQ(RunPrompt(*mgr, device, static_cast<uint64_t>(k), k), 0);
-    Settle(*mgr, 0);
+    EXPECT_EQ(RunPrompt(*r->mgr, r->device, static_cast<uint64_t>(k), k), 0);
+    Settle(*r->mgr, 0);
   }
   std::string held;
   for (int k = 1; k <= 27; ++k)
