@@ -141,7 +141,7 @@ Status ForwardEngine::Validate(std::span<const ForwardSeq> batch) const {
 // contexts (under 2 ranges of 4 blocks) keep that per-head split.
 bool ForwardEngine::AllMatMulsInt8() const {
   const cpu::ActivationMode mode = cpu::GetActivationMode();
-  auto int8 = [mode](const Tensor& t) { return cpu::UsesInt8Activations(t.type, mode); };
+  auto int8 = [mode](const Tensor& t) { return cpu::UsesIntegerActivations(t.type, mode); };
   if (!int8(w_.output)) return false;
   for (const LayerWeights& L : w_.layers) {
     for (const Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {

@@ -11,7 +11,7 @@ namespace strata {
 bool WantsLanePack(const Tensor& t) {
   using namespace cpu::internal;
   return t.present() && LanePackable(t.type) && t.rows() >= kLaneRows && ActiveQ8Kernels().reads_lanes &&
-         cpu::UsesInt8Activations(t.type, cpu::GetActivationMode());
+         cpu::UsesIntegerActivations(t.type, cpu::GetActivationMode());
 }
 
 namespace {
@@ -59,7 +59,7 @@ int PackWeightsForInt8(ModelWeights* w, const std::vector<const MappedFile*>& ma
 
 bool WantsPanels(const Tensor& t) {
   return t.present() && t.lanes == nullptr && t.rows() > 1 &&
-         !cpu::UsesInt8Activations(t.type, cpu::GetActivationMode()) && cpu::DecodePanelCols(t.type, t.cols()) > 0;
+         !cpu::UsesIntegerActivations(t.type, cpu::GetActivationMode()) && cpu::DecodePanelCols(t.type, t.cols()) > 0;
 }
 
 int PackWeightPanels(ModelWeights* w, const std::vector<const MappedFile*>& mapped) {

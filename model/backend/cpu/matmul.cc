@@ -278,9 +278,10 @@ void MatMulWithOptions(const Tensor& w, const float* x, int64_t n_tokens, float*
     return;
   }
   const ActivationMode mode = options.force_activations ? options.activations : GetActivationMode();
-  if (UsesInt8Activations(w.type, mode)) {
+  const ActivationKind kind = ActivationsFor(w.type, mode);
+  if (kind != ActivationKind::kF32) {
     // Every batch size: the invariance matmul_q8.h promises needs one path.
-    MatMulQ8(w, x, n_tokens, y, pool);
+    MatMulQ8(w, x, n_tokens, y, pool, kind == ActivationKind::kWide);
     return;
   }
   const int64_t gemm_min = options.gemm_min_tokens > 0 ? options.gemm_min_tokens
@@ -398,19 +399,24 @@ void PackPanels(const Tensor& w, int64_t panel_cols, uint8_t* out) {
   }
 }
 
-bool UsesInt8Activations(DType t, ActivationMode m) {
+ActivationKind ActivationsFor(DType t, ActivationMode m) {
+  if (!internal::Q8Supported(t)) return ActivationKind::kF32;
   switch (m) {
     case ActivationMode::kExact:
-      return false;
+      return ActivationKind::kF32;
     case ActivationMode::kInt8:
-      return internal::Q8Supported(t);
+      return ActivationKind::kInt8;
     case ActivationMode::kAuto: {
-      return internal::Q8Supported(t) &&
-             internal::ActiveQ8Kernels().auto_int8[static_cast<size_t>(internal::TypeIndex(t))];
+      const internal::Q8KernelTable& table = internal::ActiveQ8Kernels();
+      if (t == DType::kQ8_0 && table.auto_wide && table.q8_0_wide != nullptr) return ActivationKind::kWide;
+      return table.auto_int8[static_cast<size_t>(internal::TypeIndex(t))] ? ActivationKind::kInt8
+                                                                         : ActivationKind::kF32;
     }
   }
-  return false;
+  return ActivationKind::kF32;
 }
+
+bool UsesIntegerActivations(DType t, ActivationMode m) { return ActivationsFor(t, m) != ActivationKind::kF32; }
 
 void SetActivationMode(ActivationMode mode) { g_activation_mode.store(mode); }
 ActivationMode GetActivationMode() { return g_activation_mode.load(); }

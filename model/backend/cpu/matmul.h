@@ -33,18 +33,21 @@ Status ValidateMatMulWeight(const Tensor& w);
 //
 // With int8 activations (see matmul_q8.h) x is quantized per token (blocks of
 // 32 for Q8_0/Q4_0, 256 for the K-quants; d = max|x| / 127) and multiplied
-// with the weights' codes in integer arithmetic, at every batch size. A
+// with the weights' codes in integer arithmetic, at every batch size. Wide
+// (int16) activations, for Q8_0: 16-bit codes per block of 32 (d = max|x| /
+// 32512), held as two int8 planes, the same integer products twice. A
 // token's result then depends only on its own row: the same bits in any
 // batch, chunk, thread count or code path at a given SIMD level.
 // f32/f16/bf16 weights always keep f32 activations.
 enum class ActivationMode {
   // Default (`engine.activations: auto`): int8 for the K-quants (Q4_K,
-  // Q5_K, Q6_K) and, where AVX-512 VNNI is active, Q4_0, where it measured
-  // faster at every batch size (Q4_0 with its weights packed at load:
-  // model/weight_pack.h); f32 for Q8_0: its int8 path is faster too once
-  // packed, but on stories260K int8 Q8_0 misses the 0.99 top-1 agreement
-  // with the f32 model that f32 activations reach (docs/PERFORMANCE.md).
-  // Each kernel table says which (auto_int8).
+  // Q5_K, Q6_K) and, where AVX2 or AVX-512 VNNI is active, Q4_0, where it
+  // measured faster at every batch size (Q4_0 with its weights packed at
+  // load: model/weight_pack.h); wide (int16) for Q8_0 where AVX-512 VNNI is
+  // active: int8 misses stories260K's 0.99 top-1 agreement with the f32
+  // model (0.987), wide meets it as f32 does (0.992) and runs faster than
+  // f32 activations from 2 tokens on (docs/PERFORMANCE.md); f32 for Q8_0
+  // elsewhere. Each kernel table says which (auto_int8, auto_wide).
   kAuto,
   // `--exact-activations`: every product uses x in f32.
   kExact,
@@ -53,8 +56,18 @@ enum class ActivationMode {
   kInt8,
 };
 
-// Whether MatMul multiplies weights of type t with int8 activations in mode m.
-bool UsesInt8Activations(DType t, ActivationMode m);
+// What MatMul multiplies weights of one type with.
+enum class ActivationKind {
+  kF32,
+  kInt8,
+  kWide,  // int16 codes as two int8 planes (Q8_0)
+};
+ActivationKind ActivationsFor(DType t, ActivationMode m);
+
+// Whether ActivationsFor(t, m) is an integer kind (int8 or wide): the weights
+// take the integer kernels (and their packed copy), and the results are
+// batch-invariant.
+bool UsesIntegerActivations(DType t, ActivationMode m);
 
 // Process-wide, read at the start of each MatMul; set it at start-up (CLI
 // flags) or, in tests, while no MatMul runs.
@@ -85,7 +98,7 @@ void PackPanels(const Tensor& w, int64_t panel_cols, uint8_t* out);
 
 // y[t * w.rows() + r] = sum_k W[r][k] * x[t * w.cols() + k]
 // for t in [0, n_tokens), r in [0, w.rows()), where W is w decoded to f32
-// (DequantizeRow's values). Where UsesInt8Activations is false, x is used
+// (DequantizeRow's values). Where UsesIntegerActivations is false, x is used
 // in full f32 precision; code paths, SIMD levels and thread counts differ
 // only in float rounding: each output is within ~1e-6 * sum_k |W[r][k] x[k]|
 // (tests allow 1e-5 for f32, 1e-4 for the others) of the exact sum. Where it

@@ -40,6 +40,15 @@ inline int8_t RoundHalfAway(float v) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// RoundHalfAway for |v| <= kWideMax + 0.5, clamped to [-kWideMax, kWideMax].
+inline int RoundHalfAwayWide(float v) {
+  int i = static_cast<int>(v);
+  const float frac = v - static_cast<float>(i);
+  if (frac >= 0.5f) ++i;
+  if (frac <= -0.5f) --i;
+  return std::clamp(i, -kWideMax, kWideMax);
+}
+
 // The 32 signed integer codes of block `b` of a Q8_0 or Q4_0 row, and its
 // scale.
 float BlockCodes(int type_index, const uint8_t* row, int64_t b, int8_t codes[32]) {
@@ -192,7 +201,11 @@ constexpr Q8KernelTable kScalarQ8 = {
     {nullptr, nullptr, nullptr, &ScalarRows<kIdxQ4_0>, &ScalarRows<kIdxQ8_0>, &ScalarKRows<kIdxQ4_K>,
      &ScalarKRows<kIdxQ5_K>, &ScalarQ6Rows},
     &QuantizeActivationRow,
-    kAutoInt8KQuants};
+    kAutoInt8KQuants,
+    /*reads_lanes=*/false,
+    /*q8_0_wide=*/nullptr,
+    &QuantizeActivationRowWide,
+    /*auto_wide=*/false};
 
 }  // namespace
 
@@ -235,6 +248,7 @@ void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t
   out->cols = cols;
   out->n_tokens = n_tokens;
   out->block = block;
+  out->wide = false;
   out->q.resize(static_cast<size_t>(n_tokens * cols));
   out->d.resize(static_cast<size_t>(n_tokens * (cols / block)));
   out->bsum.resize(static_cast<size_t>(n_tokens * (cols / kQ8ActBlock32)));
@@ -245,6 +259,70 @@ void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t
       quantize(x + t * x_stride, cols, block, out->q.data() + t * cols,
                             out->d.data() + t * (cols / block), out->bsum.data() + t * (cols / kQ8ActBlock32),
                             out->bsum16.data() + t * (cols / 16));
+    }
+  };
+  if (pool == nullptr || pool->num_threads() <= 1 || n_tokens * cols < (int64_t{1} << 16)) {
+    rows(0, n_tokens);
+    return;
+  }
+  pool->ParallelFor(static_cast<size_t>(n_tokens), 1, [&](size_t b, size_t e) {
+    rows(static_cast<int64_t>(b), static_cast<int64_t>(e));
+  });
+}
+
+void QuantizeActivationRowWide(const float* x, int64_t cols, int8_t* hi, int8_t* lo, float* d, int16_t* hbsum,
+                               int16_t* lbsum) {
+  for (int64_t b = 0; b < cols / kQ8ActBlock32; ++b) {
+    const float* xb = x + b * kQ8ActBlock32;
+    int8_t* hb = hi + b * kQ8ActBlock32;
+    int8_t* lb = lo + b * kQ8ActBlock32;
+    float amax = 0.f;
+    bool finite = true;
+    for (int j = 0; j < kQ8ActBlock32; ++j) {
+      finite = finite && std::isfinite(xb[j]);
+      amax = std::max(amax, std::fabs(xb[j]));
+    }
+    int hsum = 0, lsum = 0;
+    if (!finite) {
+      d[b] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(hb, hb + kQ8ActBlock32, int8_t{0});
+      std::fill(lb, lb + kQ8ActBlock32, int8_t{0});
+    } else {
+      const float db = amax / static_cast<float>(kWideMax);
+      const float id = db != 0.f ? 1.f / db : 0.f;
+      d[b] = db;
+      for (int j = 0; j < kQ8ActBlock32; ++j) {
+        const int q = RoundHalfAwayWide(xb[j] * id);
+        // hi = q / 255 rounded to nearest (255 is odd: no ties), |lo| <= 127.
+        const int h = q >= 0 ? (q + 127) / 255 : -((127 - q) / 255);
+        hb[j] = static_cast<int8_t>(h);
+        lb[j] = static_cast<int8_t>(q - 255 * h);
+        hsum += hb[j];
+        lsum += lb[j];
+      }
+    }
+    hbsum[b] = static_cast<int16_t>(hsum);
+    lbsum[b] = static_cast<int16_t>(lsum);
+  }
+}
+
+void QuantizeActivationsWide(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride, Q8Activations* out,
+                             ThreadPool* pool) {
+  out->cols = cols;
+  out->n_tokens = n_tokens;
+  out->block = kQ8ActBlock32;
+  out->wide = true;
+  const int64_t nb = cols / kQ8ActBlock32;
+  out->q.resize(static_cast<size_t>(n_tokens * cols));
+  out->ql.resize(static_cast<size_t>(n_tokens * cols));
+  out->d.resize(static_cast<size_t>(n_tokens * nb));
+  out->bsum.resize(static_cast<size_t>(n_tokens * nb));
+  out->lbsum.resize(static_cast<size_t>(n_tokens * nb));
+  const Q8QuantizeWideFn quantize = ActiveQ8Kernels().quantize_wide;
+  auto rows = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      quantize(x + t * x_stride, cols, out->q.data() + t * cols, out->ql.data() + t * cols,
+                                out->d.data() + t * nb, out->bsum.data() + t * nb, out->lbsum.data() + t * nb);
     }
   };
   if (pool == nullptr || pool->num_threads() <= 1 || n_tokens * cols < (int64_t{1} << 16)) {
@@ -349,7 +427,19 @@ double Q8ReferenceDot(DType t, const uint8_t* row, int64_t cols, const int8_t* q
   return sum;
 }
 
-void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
+double Q8ReferenceDotWide(const uint8_t* row, int64_t cols, const int8_t* hi, const int8_t* lo, const float* d) {
+  int8_t codes[32];
+  double sum = 0.0;
+  for (int64_t b = 0; b < cols / kQ8ActBlock32; ++b) {
+    const double dw = BlockCodes(kIdxQ8_0, row, b, codes);
+    int64_t isum = 0;
+    for (int j = 0; j < 32; ++j) isum += int64_t{codes[j]} * (255 * int64_t{hi[b * 32 + j]} + lo[b * 32 + j]);
+    sum += static_cast<double>(isum) * dw * static_cast<double>(d[b]);
+  }
+  return sum;
+}
+
+void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, bool wide) {
   const int64_t rows = w.rows();
   const int64_t cols = w.cols();
   // The caller's buffer; named through a plain reference because a lambda
@@ -357,15 +447,19 @@ void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, Threa
   thread_local Q8Activations caller_act;
   Q8Activations& act = caller_act;
   const int block = Q8ActBlockFor(w.type);
-  QuantizeActivations(x, n_tokens, cols, cols, block, &act, &pool);
-  const Q8RowsFn fn = ActiveQ8Kernels().rows[TypeIndex(w.type)];
+  if (wide) {
+    QuantizeActivationsWide(x, n_tokens, cols, cols, &act, &pool);
+  } else {
+    QuantizeActivations(x, n_tokens, cols, cols, block, &act, &pool);
+  }
+  const Q8RowsFn fn = wide ? ActiveQ8Kernels().q8_0_wide : ActiveQ8Kernels().rows[TypeIndex(w.type)];
   Q8Args base;
   base.w = w.data;
   base.lanes = w.lanes;
   base.row_bytes = RowBytes(w.type, cols);
   base.cols = cols;
   base.y_stride = rows;
-  const int64_t chunk = TokenChunk(cols);
+  const int64_t chunk = TokenChunk(wide ? 2 * cols : cols);  // wide: two planes
   auto run = [&](int64_t r0, int64_t r1) {
     for (int64_t t0 = 0; t0 < n_tokens; t0 += chunk) {
       Q8Args a = base;
@@ -375,7 +469,12 @@ void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, Threa
       a.xq = act.q.data() + t0 * cols;
       a.xd = act.d.data() + t0 * (cols / block);
       a.xbsum = act.bsum.data() + t0 * (cols / kQ8ActBlock32);
-      a.xbsum16 = act.bsum16.data() + t0 * (cols / 16);
+      if (wide) {
+        a.xql = act.ql.data() + t0 * cols;
+        a.xlbsum = act.lbsum.data() + t0 * (cols / kQ8ActBlock32);
+      } else {
+        a.xbsum16 = act.bsum16.data() + t0 * (cols / 16);
+      }
       a.y = y + t0 * rows;
       fn(a);
     }

@@ -21,6 +21,17 @@
 // Q6_K (activation blocks of 256, one scale each, as ggml's Q8_K: the integer
 // sum then spans a super-block, the weights' sub-scales applied in
 // integers). Q8Supported says which.
+//
+// Int16 activations ("wide", Q8_0 only): with 8-bit weights the int8
+// activation step is the larger error (stories260K: top-1 agreement with the
+// f32 model 0.987, against 0.992 with f32 activations). A wide row is
+// quantized per block of 32 to 16-bit codes, d = max|x| / kWideMax,
+// q = round(x / d), |q| <= kWideMax, held as two int8 planes,
+// q = 255 * hi + lo with |hi|, |lo| <= 127, so the same int8 block sums
+// serve: a block's integer sum is 255 * dot(w, hi) + dot(w, lo), exact in
+// int32 (at most 256 * 32 * 128 * 127 < 2^31), then scaled by d_w * d_x in
+// f32. Each element's error is at most d / 2, 1/256 of int8's. The same
+// invariance holds: a token's row is quantized on its own.
 
 #include <array>
 #include <cstdint>
@@ -50,15 +61,23 @@ int Q8ActBlockFor(DType t);
 // scales at d[t * (cols / block) ...], and the sums of its codes over each
 // 32 elements at bsum[t * (cols / 32) ...] (for Q4_K/Q5_K's minimums) and
 // over each 16 at bsum16[t * (cols / 16) ...] (for Q6_K's offset of 32).
+// Wide rows (block 32): q holds the high plane and bsum its sums, ql the low
+// plane and lbsum its sums; bsum16 is not written.
 struct Q8Activations {
   int64_t cols = 0;
   int64_t n_tokens = 0;
   int block = 32;
+  bool wide = false;
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int16_t> bsum;
   std::vector<int16_t> bsum16;
+  std::vector<int8_t> ql;
+  std::vector<int16_t> lbsum;
 };
+
+// The largest wide code: 255 * 127 + 127.
+inline constexpr int kWideMax = 32512;
 
 // Quantizes row x[0..cols) (cols % block == 0, block 32 or 256) into q (cols
 // codes), d (cols / block scales: d = max|x| / 127, q = round(x / d)) and
@@ -73,6 +92,19 @@ void QuantizeActivationRow(const float* x, int64_t cols, int block, int8_t* q, f
 // quantizer, over `pool` when large.
 void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride, int block,
                          Q8Activations* out, ThreadPool* pool);
+
+// Quantizes row x[0..cols) (cols % 32 == 0) to wide codes (above): per block
+// of 32, d (d = max|x| / kWideMax), the planes hi and lo (cols codes each,
+// q = round(x / d) = 255 * hi + lo, hi = q / 255 rounded to nearest) and the
+// planes' sums over each 32, hbsum and lbsum. Scalar and deterministic: each
+// table's quantize_wide gives the same bytes. A block with a NaN or infinity
+// gets scale NaN, codes 0.
+void QuantizeActivationRowWide(const float* x, int64_t cols, int8_t* hi, int8_t* lo, float* d, int16_t* hbsum,
+                               int16_t* lbsum);
+// All n_tokens rows of x, wide (out->wide set), with the active table's
+// quantize_wide, over `pool` when large.
+void QuantizeActivationsWide(const float* x, int64_t n_tokens, int64_t cols, int64_t x_stride, Q8Activations* out,
+                             ThreadPool* pool);
 
 // y[t * y_stride + r] = the int8 product of weight row r with token t, for
 // r in [row_begin, row_end), t in [0, n_tokens).
@@ -90,6 +122,9 @@ struct Q8Args {
   const float* xd = nullptr;      // n_tokens * cols / block scales
   const int16_t* xbsum = nullptr;    // n_tokens * cols / 32 code sums
   const int16_t* xbsum16 = nullptr;  // n_tokens * cols / 16 code sums
+  // Wide kernels only: xq / xbsum are the high plane, these the low one.
+  const int8_t* xql = nullptr;       // n_tokens * cols codes
+  const int16_t* xlbsum = nullptr;   // n_tokens * cols / 32 code sums
   int64_t n_tokens = 0;
   float* y = nullptr;
   int64_t y_stride = 0;
@@ -99,6 +134,9 @@ using Q8RowsFn = void (*)(const Q8Args& args);
 // QuantizeActivationRow's contract; every table's gives the same bytes.
 using Q8QuantizeFn = void (*)(const float* x, int64_t cols, int block, int8_t* q, float* d, int16_t* bsum,
                               int16_t* bsum16);
+
+using Q8QuantizeWideFn = void (*)(const float* x, int64_t cols, int8_t* hi, int8_t* lo, float* d, int16_t* hbsum,
+                                  int16_t* lbsum);
 
 struct Q8KernelTable {
   const char* name;
@@ -110,6 +148,16 @@ struct Q8KernelTable {
   std::array<bool, kNumTypes> auto_int8;
   // Whether the Q8_0 / Q4_0 kernels read Q8Args::lanes.
   bool reads_lanes = false;
+  // Q8_0 with wide activations (Q8Args::xql / xlbsum set; reads lanes as
+  // the Q8_0 kernel does), or nullptr: only the AVX-512 VNNI table has one
+  // (at AVX2, vpmaddubsw's two planes measured slower than f32
+  // activations: docs/PERFORMANCE.md).
+  Q8RowsFn q8_0_wide = nullptr;
+  // QuantizeActivationRowWide's contract; every table's gives the same bytes.
+  Q8QuantizeWideFn quantize_wide = nullptr;
+  // Whether `engine.activations: auto` takes wide activations for Q8_0
+  // (measured faster than f32 activations here).
+  bool auto_wide = false;
 };
 
 const Q8KernelTable& ScalarQ8Kernels();
@@ -157,8 +205,14 @@ void PackLanes(const Tensor& w, uint8_t* out);
 double Q8ReferenceDot(DType t, const uint8_t* row, int64_t cols, const int8_t* q, const float* d,
                       const int16_t* bsum, const int16_t* bsum16);
 
-// MatMul's int8 path: quantizes x, then runs the active table's kernel for
-// w.type over `pool`. REQUIRES Q8Supported(w.type) and MatMul's REQUIRES.
-void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
+// The value the wide Q8_0 kernels approximate, in double from exact integer
+// sums: per 32-block, (255 * dot(codes, hi) + dot(codes, lo)) * d_w * d_x.
+double Q8ReferenceDotWide(const uint8_t* row, int64_t cols, const int8_t* hi, const int8_t* lo, const float* d);
+
+// MatMul's integer paths: quantizes x (wide: QuantizeActivationsWide), then
+// runs the active table's kernel for w.type over `pool`. REQUIRES
+// Q8Supported(w.type) (wide: w.type == Q8_0 and the table has q8_0_wide) and
+// MatMul's REQUIRES.
+void MatMulQ8(const Tensor& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, bool wide = false);
 
 }  // namespace strata::cpu::internal

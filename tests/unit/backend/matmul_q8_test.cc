@@ -340,20 +340,21 @@ TEST(Q8KernelTest, TablesPresentForTheCpu) {
   // The default uses int8 for the K-quants, and for Q4_0 where a lane
   // kernel runs (AVX2, AVX-512 VNNI; not the scalar table).
   for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-    EXPECT_TRUE(UsesInt8Activations(t, ActivationMode::kAuto));
-    EXPECT_FALSE(UsesInt8Activations(t, ActivationMode::kExact));
+    EXPECT_TRUE(UsesIntegerActivations(t, ActivationMode::kAuto));
+    EXPECT_FALSE(UsesIntegerActivations(t, ActivationMode::kExact));
   }
   for (SimdLevel level : Levels()) {
     LevelScope scope(level);
     const bool lanes = &ActiveQ8Kernels() != &ScalarQ8Kernels();
     EXPECT_EQ(ActiveQ8Kernels().reads_lanes, lanes) << static_cast<int>(level);
-    EXPECT_EQ(UsesInt8Activations(DType::kQ4_0, ActivationMode::kAuto), lanes) << static_cast<int>(level);
+    EXPECT_EQ(UsesIntegerActivations(DType::kQ4_0, ActivationMode::kAuto), lanes) << static_cast<int>(level);
   }
-  for (DType t : {DType::kQ8_0, DType::kF32, DType::kF16, DType::kBF16}) {
-    EXPECT_FALSE(UsesInt8Activations(t, ActivationMode::kAuto));
+  // Q8_0's default is wide activations (matmul_q8_wide_test.cc).
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    EXPECT_FALSE(UsesIntegerActivations(t, ActivationMode::kAuto));
   }
-  EXPECT_TRUE(UsesInt8Activations(DType::kQ8_0, ActivationMode::kInt8));
-  EXPECT_FALSE(UsesInt8Activations(DType::kF16, ActivationMode::kInt8));
+  EXPECT_TRUE(UsesIntegerActivations(DType::kQ8_0, ActivationMode::kInt8));
+  EXPECT_FALSE(UsesIntegerActivations(DType::kF16, ActivationMode::kInt8));
   EXPECT_FALSE(Q8Supported(DType::kF32));
 }
 

@@ -1,7 +1,8 @@
-// With int8 activations (cpu::ActivationMode::kInt8) a token's logits do not
-// depend on the batch it is in, on how its prompt was chunked, or on the
-// thread count: bitwise. This is what lets a prefix loaded from the KV cache
-// and the same prefix recomputed give identical logits on quantized weights.
+// With int8 activations (cpu::ActivationMode::kInt8), and with Q8_0's
+// default wide (int16) ones, a token's logits do not depend on the batch it
+// is in, on how its prompt was chunked, or on the thread count: bitwise.
+// This is what lets a prefix loaded from the KV cache and the same prefix
+// recomputed give identical logits on quantized weights.
 
 #include <gtest/gtest.h>
 
@@ -24,12 +25,11 @@
 namespace strata {
 namespace {
 
-class Int8Activations : public ::testing::Environment {
- public:
-  void SetUp() override { cpu::SetActivationMode(cpu::ActivationMode::kInt8); }
-  void TearDown() override { cpu::SetActivationMode(cpu::ActivationMode::kAuto); }
+// A weight type and the activation mode its test runs in.
+struct Case {
+  DType type;
+  cpu::ActivationMode mode;
 };
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Int8Activations);
 
 constexpr int kVocab = 101;
 constexpr int kBlock = 4;
@@ -69,18 +69,25 @@ std::vector<int32_t> Table(int seq) {
   return b;
 }
 
-class Int8Forward : public ::testing::TestWithParam<DType> {
+class Int8Forward : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
+    cpu::SetActivationMode(GetParam().mode);
+    if (GetParam().mode == cpu::ActivationMode::kAuto &&
+        cpu::ActivationsFor(GetParam().type, cpu::ActivationMode::kAuto) != cpu::ActivationKind::kWide) {
+      GTEST_SKIP() << "no wide kernel at this SIMD level: the default is f32 activations for "
+                   << DTypeName(GetParam().type);
+    }
     SynthOptions opt;
-    opt.dtype = GetParam();
+    opt.dtype = GetParam().type;
     opt.seed = 5;
-    w_ = std::move(MakeSyntheticWeights(Shape(GetParam()), opt).value());
-    ASSERT_EQ(w_.layers[0].wq.type, GetParam());
+    w_ = std::move(MakeSyntheticWeights(Shape(opt.dtype), opt).value());
+    ASSERT_EQ(w_.layers[0].wq.type, opt.dtype);
     // As loading does: Q4_0 / Q8_0 matrices get the lane kernel's packed copy
     // where it runs (model/weight_pack.h), so these tests cover that path.
     PackWeightsForInt8(&w_, {});
   }
+  void TearDown() override { cpu::SetActivationMode(cpu::ActivationMode::kAuto); }
   std::unique_ptr<ForwardEngine> Engine(ThreadPool* pool) { return Engine(w_, pool); }
   static std::unique_ptr<ForwardEngine> Engine(const ModelWeights& w, ThreadPool* pool) {
     KvOptions kv;
@@ -174,12 +181,12 @@ TEST_P(Int8Forward, BatchSizeDoesNotChangeLogits) {
 // groups and a tail of 5).
 TEST_P(Int8Forward, PackedWeightsGiveTheSameLogits) {
   SynthOptions opt;
-  opt.dtype = GetParam();
+  opt.dtype = GetParam().type;
   opt.seed = 5;
-  ModelWeights file = std::move(MakeSyntheticWeights(Shape(GetParam()), opt).value());
-  ModelWeights packed = std::move(MakeSyntheticWeights(Shape(GetParam()), opt).value());
+  ModelWeights file = std::move(MakeSyntheticWeights(Shape(opt.dtype), opt).value());
+  ModelWeights packed = std::move(MakeSyntheticWeights(Shape(opt.dtype), opt).value());
   const int n = PackWeightsForInt8(&packed, {});
-  if (!cpu::internal::LanePackable(GetParam())) {
+  if (!cpu::internal::LanePackable(opt.dtype)) {
     EXPECT_EQ(n, 0) << "only Q4_0 and Q8_0 have a packed layout";
     return;
   }
@@ -198,9 +205,15 @@ TEST_P(Int8Forward, PackedWeightsGiveTheSameLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, Int8Forward, ::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
-                                                                   DType::kQ6_K),
-                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+constexpr cpu::ActivationMode kInt8 = cpu::ActivationMode::kInt8;
+INSTANTIATE_TEST_SUITE_P(Types, Int8Forward,
+                         ::testing::Values(Case{DType::kQ8_0, kInt8}, Case{DType::kQ4_0, kInt8}, Case{DType::kQ4_K, kInt8},
+                                           Case{DType::kQ5_K, kInt8}, Case{DType::kQ6_K, kInt8},
+                                           Case{DType::kQ8_0, cpu::ActivationMode::kAuto}),
+                         [](const auto& info) {
+                           return std::string(DTypeName(info.param.type)) +
+                                  (info.param.mode == cpu::ActivationMode::kAuto ? "_wide" : "");
+                         });
 
 }  // namespace
 }  // namespace strata

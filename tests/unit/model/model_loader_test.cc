@@ -94,7 +94,10 @@ TEST(ModelLoader, QuantizedMatricesArePackedWhereTheLaneKernelReadsThem) {
   const bool lanes = cpu::internal::ActiveQ8Kernels().reads_lanes;
   const PackCase cases[] = {
       {DType::kQ4_0, cpu::ActivationMode::kAuto, true, lanes},  {DType::kQ4_0, cpu::ActivationMode::kAuto, false, false},
-      {DType::kQ4_0, cpu::ActivationMode::kExact, true, false}, {DType::kQ8_0, cpu::ActivationMode::kAuto, true, false},
+      {DType::kQ4_0, cpu::ActivationMode::kExact, true, false},
+      // Q8_0's default, wide activations, reads the lanes too.
+      {DType::kQ8_0, cpu::ActivationMode::kAuto, true, lanes},
+      {DType::kQ8_0, cpu::ActivationMode::kExact, true, false},
       {DType::kQ8_0, cpu::ActivationMode::kInt8, true, lanes},
   };
   for (const PackCase& k : cases) {
@@ -127,7 +130,10 @@ TEST(ModelLoader, WideMatricesGetColumnPanels) {
   const PackCase cases[] = {
       {DType::kF16, cpu::ActivationMode::kAuto, true, true},
       {DType::kF16, cpu::ActivationMode::kAuto, false, false},
-      {DType::kQ8_0, cpu::ActivationMode::kAuto, true, true},
+      {DType::kQ8_0, cpu::ActivationMode::kExact, true, true},
+      // Where Q8_0's default is wide activations, its integer kernels read no panels.
+      {DType::kQ8_0, cpu::ActivationMode::kAuto, true,
+       !cpu::UsesIntegerActivations(DType::kQ8_0, cpu::ActivationMode::kAuto)},
       {DType::kQ8_0, cpu::ActivationMode::kInt8, true, false},
   };
   for (const PackCase& k : cases) {
