@@ -11,7 +11,8 @@ namespace strata::cli {
 void AddActivationFlags(CLI::App* cmd, bool* int8, bool* exact) {
   CLI::Option* i = cmd->add_flag("--int8-activations", *int8,
                                  "multiply every quantized weight type (q8_0 too) with activations quantized per "
-                                 "token to int8 (default: the K-quants, and q4_0 with AVX-512 VNNI)");
+                                 "token to int8 (default: the K-quants and q4_0 with AVX2 or AVX-512 VNNI; q8_0 "
+                                 "with AVX-512 VNNI takes 16-bit codes)");
   CLI::Option* e = cmd->add_flag("--exact-activations", *exact, "f32 activations in every product");
   i->excludes(e);
 }
