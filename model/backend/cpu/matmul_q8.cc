@@ -228,11 +228,14 @@ void QuantizeActivationRow(const float* x, int64_t cols, int block, int8_t* q, f
       d[b] = std::numeric_limits<float>::quiet_NaN();
       std::fill(qb, qb + block, int8_t{0});
     } else {
-      // ggml's quantize_row_q8_0_ref: d = amax / 127, q = round(x / d).
+      // ggml's quantize_row_q8_0_ref: d = amax / 127, q = round(x * (1 / d)).
+      // Where d is subnormal, 1 / d overflows: x / d instead (ggml's code
+      // would round infinities there).
       const float db = amax / 127.f;
       const float id = db != 0.f ? 1.f / db : 0.f;
       d[b] = db;
-      for (int j = 0; j < block; ++j) qb[j] = RoundHalfAway(xb[j] * id);
+      const bool tiny = !std::isfinite(id);
+      for (int j = 0; j < block; ++j) qb[j] = RoundHalfAway(tiny ? xb[j] / db : xb[j] * id);
     }
   }
   for (int64_t k = 0; k < cols / 16; ++k) {
@@ -291,8 +294,9 @@ void QuantizeActivationRowWide(const float* x, int64_t cols, int8_t* hi, int8_t*
       const float db = amax / static_cast<float>(kWideMax);
       const float id = db != 0.f ? 1.f / db : 0.f;
       d[b] = db;
+      const bool tiny = !std::isfinite(id);  // d subnormal: as QuantizeActivationRow
       for (int j = 0; j < kQ8ActBlock32; ++j) {
-        const int q = RoundHalfAwayWide(xb[j] * id);
+        const int q = RoundHalfAwayWide(tiny ? xb[j] / db : xb[j] * id);
         // hi = q / 255 rounded to nearest (255 is odd: no ties), |lo| <= 127.
         const int h = q >= 0 ? (q + 127) / 255 : -((127 - q) / 255);
         hb[j] = static_cast<int8_t>(h);

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -73,6 +74,11 @@ inline void QuantizeRowSimd(const float* x, int64_t cols, int block, int8_t* q, 
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
     const float db = amax / 127.f;
     const float id = db != 0.f ? 1.f / db : 0.f;
+    if (!std::isfinite(id)) {  // d subnormal: the scalar code's x / d
+      int16_t sums32[8], sums16[16];  // the row's sums are taken below
+      QuantizeActivationRow(xb, block, block, qb, d + b, sums32, sums16);
+      continue;
+    }
     d[b] = db;
     const __m256 vid = _mm256_set1_ps(id);
     for (int j = 0; j < block; j += 32) {
@@ -133,6 +139,10 @@ inline void QuantizeRowWideSimd(const float* x, int64_t cols, int8_t* hi, int8_t
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
     const float db = amax / static_cast<float>(kWideMax);
     const float id = db != 0.f ? 1.f / db : 0.f;
+    if (!std::isfinite(id)) {  // d subnormal: the scalar code's x / d
+      QuantizeActivationRowWide(xb, 32, hi + 32 * b, lo + 32 * b, d + b, hbsum + b, lbsum + b);
+      continue;
+    }
     d[b] = db;
     const __m256 vid = _mm256_set1_ps(id);
     __m256i h32[4], l32[4];

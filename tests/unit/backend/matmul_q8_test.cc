@@ -109,11 +109,23 @@ TEST(Q8ActivationTest, EveryLevelQuantizesTheSame) {
     for (int j = 0; j < 32; ++j) x[512 + j] = 0.f;
     x[800] = std::numeric_limits<float>::quiet_NaN();
     x[900] = -std::numeric_limits<float>::infinity();
+    // A tiny block: d = max / 127 subnormal, 1 / d infinite (x / d then).
+    for (int j = 0; j < 32; ++j) x[(block == 32 ? 576 : 0) + j] = static_cast<float>(j - 16) * 1e-39f;
+    if (block == 256) {
+      for (int j = 32; j < 256; ++j) x[j] = 0.f;
+    }
     std::vector<int8_t> want_q(1024), q(1024);
     std::vector<float> want_d(1024 / block), d(1024 / block);
     std::vector<int16_t> want_b(32), b(32), want_b16(64), b16(64);
     QuantizeActivationRow(x.data(), 1024, block, want_q.data(), want_d.data(), want_b.data(), want_b16.data());
     EXPECT_EQ(want_q[257], -31);  // -30.5 rounds away from zero
+    const int tiny = block == 32 ? 576 / 32 : 0;
+    ASSERT_GT(want_d[tiny], 0.f);
+    ASSERT_FALSE(std::isfinite(1.f / want_d[tiny]));
+    for (int j = 0; j < 32; ++j) {
+      const int i = tiny * block + j;
+      EXPECT_LE(std::fabs(want_q[i] * want_d[tiny] - x[i]), want_d[tiny] * 0.5f * 1.0001f + 1e-45f) << i;
+    }
     EXPECT_EQ(want_q[286], -2);   // -1.5
     for (const Q8KernelTable* t : {&ScalarQ8Kernels(), Avx2Q8Kernels(), Avx512VnniQ8Kernels()}) {
       if (t == nullptr) continue;

@@ -113,6 +113,9 @@ TEST(WideActivationTest, EveryLevelQuantizesTheSame) {
   for (int j = 0; j < 32; ++j) x[512 + j] = 0.f;
   x[800] = std::numeric_limits<float>::quiet_NaN();
   x[900] = -std::numeric_limits<float>::infinity();
+  // Tiny blocks: d = max / 32512 subnormal, 1 / d infinite (x / d then).
+  for (int j = 0; j < 32; ++j) x[640 + j] = static_cast<float>(j - 16) * 1e-36f;
+  for (int j = 0; j < 32; ++j) x[672 + j] = static_cast<float>(j % 5) * 3e-41f;
   for (int q = -kWideMax; q <= kWideMax;) {
     x.push_back(static_cast<float>(kWideMax));
     for (int j = 1; j < 32; ++j) x.push_back(static_cast<float>(q <= kWideMax ? q++ : 0));
@@ -140,6 +143,15 @@ TEST(WideActivationTest, EveryLevelQuantizesTheSame) {
   }
   EXPECT_GE(tables, 1);
   EXPECT_EQ(255 * want_h[257] + want_l[257], -13100);  // -13099.5 rounds away from zero
+  for (int b : {640 / 32, 672 / 32}) {
+    ASSERT_GT(want_d[b], 0.f);
+    ASSERT_FALSE(std::isfinite(1.f / want_d[b]));
+    for (int j = 0; j < 32; ++j) {
+      const int64_t i = 32 * b + j;
+      const double q = 255.0 * want_h[i] + want_l[i];
+      EXPECT_LE(std::fabs(q * want_d[b] - x[i]), want_d[b] * 0.5 * 1.0001 + 1e-45) << i;
+    }
+  }
   EXPECT_TRUE(std::isnan(want_d[800 / 32]));
 }
 
