@@ -260,7 +260,9 @@ constexpr Q8KernelTable MakeAvx2Table() {
   t.reads_lanes = true;
   // Q4_0 too: from packed weights this kernel beats f32 activations at every
   // batch size (bench-1b on an AVX2 EPYC: 1.9x at batch 1, 2.2-2.8x at 8;
-  // docs/PERFORMANCE.md). Q8_0 not, for the reason the AVX-512 table gives.
+  // docs/PERFORMANCE.md). Q8_0 not, for the reason the AVX-512 table gives;
+  // nor wide activations (two int8 planes through vpmaddubsw measured
+  // slower than f32 here), so Q8_0 keeps f32 at this level.
   t.auto_int8[kIdxQ4_0] = true;
   return t;
 }
