@@ -20,8 +20,8 @@ struct Tensor {
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
   // Optional second copy of the first rows() / 16 * 16 rows in the layout of
-  // the CPU's 16-row int8 lane kernels (cpu::internal::PackLanes: Q4_0 and
-  // Q8_0 only), or nullptr. Set while loading (cpu::PackWeightsForInt8),
+  // the CPU's 16-row int8 lane kernels (cpu::internal::PackLanes: Q4_0,
+  // Q8_0, Q4_K, Q5_K, Q6_K), or nullptr. Set while loading (cpu::PackWeightsForInt8),
   // owned by the same ModelWeights; `data` stays valid and authoritative.
   const uint8_t* lanes = nullptr;
   // Optional second copy of all rows split into column panels

@@ -10,7 +10,7 @@ namespace strata {
 
 bool WantsLanePack(const Tensor& t) {
   using namespace cpu::internal;
-  return t.present() && LanePackable(t.type) && t.rows() >= kLaneRows && ActiveQ8Kernels().reads_lanes &&
+  return t.present() && LanePackable(t.type) && t.rows() >= kLaneRows && ReadsLanes(ActiveQ8Kernels(), t.type) &&
          cpu::UsesIntegerActivations(t.type, cpu::GetActivationMode());
 }
 
@@ -51,7 +51,9 @@ int PackWeightsForInt8(ModelWeights* w, const std::vector<const MappedFile*>& ma
     uint8_t* out = AlignedBuffer(w, n);
     cpu::internal::PackLanes(*t, out);
     t->lanes = out;
-    DropOriginal(*t, n, mapped);
+    // The file's bytes of the packed rows (Q4_K's copy is larger than them).
+    const int64_t rows = t->rows() / cpu::internal::kLaneRows * cpu::internal::kLaneRows;
+    DropOriginal(*t, static_cast<size_t>(rows) * RowBytes(t->type, t->cols()), mapped);
     ++packed;
   });
   return packed;

@@ -1,9 +1,11 @@
 #pragma once
-// Weights repacked at load for the CPU's products. For int8 ones: Q4_0 and Q8_0
-// matrices get a second copy of their rows in the layout of the 16-row lane
-// kernel (cpu::internal::PackLanes; Tensor::lanes), so that kernel no longer
-// transposes each block of 16 rows on every call (what cost it 10-15% against
-// f32 activations at batch 1: docs/PERFORMANCE.md). The file's layout stays
+// Weights repacked at load for the CPU's products. For int8 ones: Q4_0, Q8_0
+// and K-quant (Q4_K, Q5_K, Q6_K) matrices get a second copy of their rows in
+// the layout of the 16-row lane kernels (cpu::internal::PackLanes;
+// Tensor::lanes), so those kernels no longer transpose each block of 16 rows
+// on every call (what cost the Q8_0/Q4_0 one 10-15% against f32 activations
+// at batch 1: docs/PERFORMANCE.md; the Q4_K and Q5_K copies are 2.8% and
+// 2.3% larger than the file's rows, their scales unpacked). The file's layout stays
 // valid and is what every other path reads; the packed copy gives the same
 // bits. For f32-activation ones: matrices whose rows are too wide for x to
 // stay in L1 get their rows split into column panels (Tensor::panels,
@@ -18,7 +20,7 @@
 
 namespace strata {
 
-// Whether PackWeightsForInt8 packs t: a Q4_0 or Q8_0 matrix of at least 16
+// Whether PackWeightsForInt8 packs t: a Q4_0, Q8_0 or K-quant matrix of at least 16
 // rows that MatMul, at the active SIMD level and activation mode
 // (cpu::GetActivationMode), multiplies through a kernel that reads lanes.
 bool WantsLanePack(const Tensor& t);

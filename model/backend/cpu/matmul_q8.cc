@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "model/backend/cpu/cpu_features.h"
 #include "model/backend/cpu/quant.h"
@@ -355,13 +356,92 @@ bool Q8Supported(DType t) {
   return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K;
 }
 
-bool LanePackable(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+namespace {
+bool IsKLaneType(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K; }
+}  // namespace
+
+bool LanePackable(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || IsKLaneType(t);
+}
+
+bool ReadsLanes(const Q8KernelTable& table, DType t) {
+  if (IsKLaneType(t)) return table.reads_k_lanes;
+  return table.reads_lanes && LanePackable(t);
+}
+
+int64_t LaneGroupBytes(DType t, int64_t cols) {
+  if (IsKLaneType(t)) return cols / 256 * LaneSuperBytes(t);
+  return kLaneRows * static_cast<int64_t>(RowBytes(t, cols));
+}
 
 size_t LanePackedBytes(const Tensor& w) {
-  return static_cast<size_t>(w.rows() / kLaneRows * kLaneRows) * RowBytes(w.type, w.cols());
+  return static_cast<size_t>(w.rows() / kLaneRows * LaneGroupBytes(w.type, w.cols()));
+}
+
+namespace {
+
+// Row i's 4 bytes at src + 4k into vector k (64 bytes apart) of dst, k = 0..7.
+void Transpose32(const uint8_t* src, int i, uint8_t* dst) {
+  for (int k = 0; k < 8; ++k) std::memcpy(dst + 64 * k + 4 * i, src + 4 * k, 4);
+}
+
+// Q4_K's layout, and Q5_K's (the same, then the qh bytes).
+template <class Block>
+void PackQ45KSuperBlock(const uint8_t* const* rows, int64_t s, uint8_t* o) {
+  for (int i = 0; i < kLaneRows; ++i) {
+    const auto* blk = reinterpret_cast<const Block*>(rows[i]) + s;
+    std::memcpy(o + 2 * i, &blk->d, 2);
+    std::memcpy(o + 32 + 2 * i, &blk->dmin, 2);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc = 0, m = 0;
+      UnpackScaleMinK4(blk->scales, j, &sc, &m);
+      o[64 + 16 * j + i] = sc;
+      o[192 + 32 * (j / 2) + 2 * i + j % 2] = m;
+    }
+    for (int q = 0; q < 4; ++q) Transpose32(blk->qs + 32 * q, i, o + 320 + 512 * q);
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) Transpose32(blk->qh, i, o + 320 + 4 * 512);
+  }
+}
+
+void PackQ6KSuperBlock(const uint8_t* const* rows, int64_t s, uint8_t* o) {
+  for (int i = 0; i < kLaneRows; ++i) {
+    const auto* blk = reinterpret_cast<const BlockQ6_K*>(rows[i]) + s;
+    std::memcpy(o + 2 * i, &blk->d, 2);
+    for (int j = 0; j < 16; ++j) o[32 + 16 * j + i] = static_cast<uint8_t>(blk->scales[j]);
+    for (int h = 0; h < 2; ++h) {
+      uint8_t* half = o + 288 + 1536 * h;
+      Transpose32(blk->ql + 64 * h, i, half);
+      Transpose32(blk->ql + 64 * h + 32, i, half + 512);
+      Transpose32(blk->qh + 32 * h, i, half + 1024);
+    }
+  }
+}
+
+}  // namespace
+
+void PackKLaneGroup(DType t, const uint8_t* const* rows, int64_t cols, uint8_t* out) {
+  const int64_t bytes = LaneSuperBytes(t);
+  for (int64_t s = 0; s < cols / 256; ++s) {
+    if (t == DType::kQ4_K) {
+      PackQ45KSuperBlock<BlockQ4_K>(rows, s, out + s * bytes);
+    } else if (t == DType::kQ5_K) {
+      PackQ45KSuperBlock<BlockQ5_K>(rows, s, out + s * bytes);
+    } else {
+      PackQ6KSuperBlock(rows, s, out + s * bytes);
+    }
+  }
 }
 
 void PackLanes(const Tensor& w, uint8_t* out) {
+  if (IsKLaneType(w.type)) {
+    const int64_t group_bytes = LaneGroupBytes(w.type, w.cols());
+    for (int64_t g = 0; g < w.rows() / kLaneRows; ++g) {
+      const uint8_t* rows[kLaneRows];
+      for (int i = 0; i < kLaneRows; ++i) rows[i] = w.row(g * kLaneRows + i);
+      PackKLaneGroup(w.type, rows, w.cols(), out + g * group_bytes);
+    }
+    return;
+  }
   const bool q4 = w.type == DType::kQ4_0;
   const int64_t cols = w.cols();
   const int64_t nb = cols / kQ8ActBlock32;

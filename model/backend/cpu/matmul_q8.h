@@ -158,6 +158,9 @@ struct Q8KernelTable {
   // Whether `engine.activations: auto` takes wide activations for Q8_0
   // (measured faster than f32 activations here).
   bool auto_wide = false;
+  // Whether the Q4_K, Q5_K and Q6_K kernels read Q8Args::lanes (PackLanes's
+  // K-quant layouts).
+  bool reads_k_lanes = false;
 };
 
 const Q8KernelTable& ScalarQ8Kernels();
@@ -173,28 +176,64 @@ bool Q8Supported(DType t);
 
 // ---- Weights repacked for the 16-row lane kernels ---------------------------
 //
-// The AVX-512 VNNI Q8_0 / Q4_0 kernel puts 16 weight rows in the 16 lanes of
-// a vector (the AVX2 one, 8 rows in each half of a group). From the file's
-// layout it transposes every block of rows on each call; PackLanes does that
-// once, at load. Group g (rows 16g..16g+15)
-// takes the same bytes as those rows in the file, at the same offset
-// (16g * row_bytes), laid out as:
+// The AVX-512 VNNI Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K kernels put 16 weight rows in
+// the 16 lanes of a vector (the AVX2 Q8_0 / Q4_0 one, 8 rows in each half of
+// a group). From the file's layout they transpose every block of rows on
+// each call; PackLanes does that once, at load. Group g (rows 16g..16g+15)
+// starts at g * LaneGroupBytes(type, cols).
+//
+// Q8_0 / Q4_0: the same bytes as those rows in the file (LaneGroupBytes =
+// 16 * row_bytes), laid out as:
 //   - nb * 32 bytes of scales: block b's 16 f16 scales at 32b, row i's at 2i;
 //   - then block b's codes at nb * 32 + b * C (C = 256 for Q4_0, 512 for
 //     Q8_0): C / 64 vectors of 64 bytes; vector k holds in bytes 4i..4i+3
 //     row i's code bytes 4k..4k+3 (Q4_0: the file's nibble pairs as they
 //     are; Q8_0: each code + 128, as an unsigned byte).
+// The K-quants: LaneSuperBytes(type) per super-block s, at s times that.
+// Q4_K (the 6-bit scales and mins unpacked to bytes: 64 bytes more per 16
+// rows and super-block than the file's 16 * 144):
+//   - 0: the 16 f16 d, row i's at 2i; 32: the 16 f16 dmin;
+//   - 64: the scales, sub-block j's of row i at 64 + 16j + i;
+//   - 192: the mins in pairs, sub-blocks 2p and 2p + 1 of row i at
+//     192 + 32p + 2i and + 1 (one int16 pair per lane once widened);
+//   - 320: the codes, group q (elements 64q..64q+63) at 320 + 512q: 8
+//     vectors of 64 bytes; vector k holds in bytes 4i..4i+3 row i's qs bytes
+//     32q + 4k..32q + 4k + 3 (low nibbles: elements 64q + 4k.., high:
+//     64q + 32 + 4k..).
+// Q5_K: Q4_K's layout, then at 2368 the qh bytes: 8 vectors, vector k
+//   holding row i's qh bytes 4k..4k+3 at 4i (bit j of qh[l] is bit 4 of
+//   sub-block j's element l; 64 bytes more than the file's 16 * 176).
+// Q6_K (the file's size, 16 * 210):
+//   - 0: the 16 f16 d; 32: the int8 scales, sub-block j's of row i at
+//     32 + 16j + i;
+//   - 288 + 1536h, for half h (elements 128h..128h+127): 8 vectors of ql
+//     bytes 64h + 4k.. (at + 64k), 8 of ql bytes 64h + 32 + 4k.. (+ 512),
+//     8 of qh bytes 32h + 4k.. (+ 1024), row i's 4 bytes at 4i of each.
 // Rows past the last whole group are not packed (the kernels read them from
 // the file's layout). The kernels give the same bits either way.
 inline constexpr int kLaneRows = 16;
 
-// Whether PackLanes handles type t (Q8_0, Q4_0).
+// Whether PackLanes handles type t (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K).
 bool LanePackable(DType t);
-// Bytes PackLanes writes for w: rows() / 16 * 16 rows' worth.
+// Whether table's kernel for type t reads Q8Args::lanes (so loading should
+// pack them).
+bool ReadsLanes(const Q8KernelTable& table, DType t);
+// Q4_K / Q5_K / Q6_K: bytes of one super-block of a packed group.
+constexpr int64_t LaneSuperBytes(DType t) {
+  return t == DType::kQ4_K ? 320 + 4 * 512 : t == DType::kQ5_K ? 320 + 4 * 512 + 512 : 288 + 2 * 1536;
+}
+// Bytes of one 16-row group of a type-t matrix with `cols` columns.
+// REQUIRES LanePackable(t).
+int64_t LaneGroupBytes(DType t, int64_t cols);
+// Bytes PackLanes writes for w: rows() / 16 groups.
 size_t LanePackedBytes(const Tensor& w);
 // Writes w's whole 16-row groups in the layout above to out
 // (LanePackedBytes(w) bytes). REQUIRES LanePackable(w.type), w.data valid.
 void PackLanes(const Tensor& w, uint8_t* out);
+// One Q4_K, Q5_K or Q6_K group in the layout above, from 16 file rows of
+// `cols` columns (a row may repeat: the kernels fill a tail group's unused
+// lanes so). REQUIRES t is Q4_K, Q5_K or Q6_K.
+void PackKLaneGroup(DType t, const uint8_t* const* rows, int64_t cols, uint8_t* out);
 
 // The exact value the kernels approximate, for tests, in double from exact
 // integer sums: Q8_0/Q4_0, per 32-block, (integer dot of the codes) * d_w *

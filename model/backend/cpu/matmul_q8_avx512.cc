@@ -2,9 +2,8 @@
 // rows in the lanes of a 512-bit vector (LaneRows below), block sums by
 // vpdpbusd (u8 x s8, 4 products into each int32 lane, exact), from the
 // weights packed at load (Q8Args::lanes) or, without them, transposed from
-// the file's rows on each call. Q4_K/Q5_K:
-// 512-bit tiles, one 64-element group (two sub-blocks) per vector. Q6_K: the
-// 256-bit kernels of matmul_q8_simd.h.
+// the file's rows on each call. Q4_K/Q5_K/Q6_K: 16 rows in the lanes too
+// (KLaneRows below), from their own packed layouts.
 // Only reached through Avx512VnniQ8Kernels(), which checks the CPU.
 
 #pragma GCC diagnostic push
@@ -14,6 +13,7 @@
 #pragma GCC diagnostic pop
 
 #include <cstring>
+#include <vector>
 
 #include "model/backend/cpu/cpu_features.h"
 #include "model/backend/cpu/matmul_q8.h"
@@ -39,86 +39,6 @@ struct Q8Ops {
 
 namespace strata::cpu::internal {
 namespace {
-
-// Q4_K / Q5_K, 1 row x NT tokens, the sequence of matmul_q8_simd.h's
-// Q8KTile on 512-bit vectors: per group g of 64 elements, the codes of
-// sub-blocks 2g (low half) and 2g + 1 (high half) times the token's 64 codes
-// by vpmaddubsw, times [sc_2g x 16 | sc_2g+1 x 16] into 16 int32 lanes by
-// vpdpwssd (exact); per super-block converted and scaled by d_x * d; the
-// minimums' integer sum by a 128-bit vpdpwssd, scaled by d_x * dmin into 4
-// f32 lanes.
-template <int kIndex, int NT>
-void KTile512(const Q8Args& a, int64_t r, int64_t t0) {
-  const int64_t nsb = a.cols / 256;
-  const int64_t nb32 = a.cols / 32;
-  const uint8_t* row = a.w + r * a.row_bytes;
-  __m512 acc[NT];
-  __m128 mins[NT];  // 4 lanes of the minimums' term
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) {
-    acc[t] = _mm512_setzero_ps();
-    mins[t] = _mm_setzero_ps();
-  }
-  for (int64_t s = 0; s < nsb; ++s) {
-    const KSuperBlock sb = LoadKSuperBlock<kIndex>(row, s);
-    const float d = sb.d, dmin = sb.dmin;
-    const __m512i sc16 =
-        _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sb.sc8))));
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sb.m8)));
-    __m512i iacc[NT];
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) iacc[t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) {
-      __m256i lo, hi;
-      KGroupCodes<kIndex>(sb, g, &lo, &hi);
-      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      const __m512i pick = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * 2 * g))),
-          _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * (2 * g + 1))), 1);
-      const __m512i sv = _mm512_shuffle_epi8(sc16, pick);
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        const __m512i x = _mm512_loadu_si512(a.xq + (t0 + t) * a.cols + 256 * s + 64 * g);
-        iacc[t] = _mm512_dpwssd_epi32(iacc[t], _mm512_maddubs_epi16(w, x), sv);
-      }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      const float dx = a.xd[(t0 + t) * nsb + s];
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_set1_ps(dx * d), acc[t]);
-      const __m128i bs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.xbsum + (t0 + t) * nb32 + 8 * s));
-      const __m128i p = _mm_dpwssd_epi32(_mm_setzero_si128(), m16, bs);
-      mins[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(p), _mm_set1_ps(dx * dmin), mins[t]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) {
-    __m128 m = _mm_add_ps(mins[t], _mm_movehl_ps(mins[t], mins[t]));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    a.y[(t0 + t) * a.y_stride + r] = _mm512_reduce_add_ps(acc[t]) - _mm_cvtss_f32(m);
-  }
-}
-
-constexpr int kKTokens512 = 8;
-
-template <int kIndex, int NT>
-void KTile512Upto(const Q8Args& a, int64_t r, int64_t t0, int nt) {
-  if constexpr (NT > 1) {
-    if (nt < NT) return KTile512Upto<kIndex, NT - 1>(a, r, t0, nt);
-  }
-  KTile512<kIndex, NT>(a, r, t0);
-}
-
-template <int kIndex>
-void KRows512(const Q8Args& a) {
-  for (int64_t r = a.row_begin; r < a.row_end; ++r) {
-    for (int64_t t = 0; t < a.n_tokens; t += kKTokens512) {
-      const int nt = static_cast<int>(std::min<int64_t>(kKTokens512, a.n_tokens - t));
-      KTile512Upto<kIndex, kKTokens512>(a, r, t, nt);
-    }
-  }
-}
 
 // Q8_0 / Q4_0, 16 weight rows in the 16 lanes of a 512-bit vector. Per
 // 32-element block, vector k (k = 0..7) holds in lane i the 4 codes of row i
@@ -321,10 +241,212 @@ void LaneRows(const Q8Args& a) {
   }
 }
 
+// Q4_K, Q5_K and Q6_K, 16 rows in the lanes of a 512-bit vector, from
+// PackLanes's layouts (matmul_q8.h). Per super-block and token, one exact
+// int32 sum per lane (row), then in f32 acc += sum * (d * d_x) (Q4_K/Q5_K:
+// acc -= mins * (dmin * d_x) too). A (row, token) output is one sequence of operations in
+// one lane whatever the tile, the rows around it or the tail, packed or not.
+constexpr int kKLaneTokens = 8;
+
+// The 8 sub-blocks' sums of code x token code by 8 vpdpbusd each (codes
+// 0..15, Q5_K 0..31, as unsigned bytes: exact), times each row's 6-bit scale
+// (vpmulld): at most 256 * 31 * 127 * 63 < 2^31. Q5_K's bit 4 of sub-block
+// j's codes is bit j of the qh bytes, moved to bit 4 by a 16-bit shift
+// (left by 4 - j, or right by j - 4: within each byte either way).
+template <int kIndex, int NT>
+inline void Q45KSuperSums(const Q8Args& a, const uint8_t* p, int64_t s, int64_t t0, __m512i* isum) {
+  const __m512i m15 = _mm512_set1_epi8(15);
+#pragma GCC unroll 1
+  for (int j = 0; j < 8; ++j) {
+    // Sub-block j: group j / 2's low (j even) or high nibbles.
+    const uint8_t* c = p + 320 + 512 * (j / 2);
+    __m512i v[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m512i raw = _mm512_loadu_si512(c + 64 * k);
+      v[k] = _mm512_and_si512(j % 2 == 0 ? raw : _mm512_srli_epi16(raw, 4), m15);
+      if constexpr (kIndex == kIdxQ5_K) {
+        const __m512i qh = _mm512_loadu_si512(p + 320 + 4 * 512 + 64 * k);
+        const __m512i bit = j <= 4 ? _mm512_sll_epi16(qh, _mm_cvtsi32_si128(4 - j))
+                                   : _mm512_srl_epi16(qh, _mm_cvtsi32_si128(j - 4));
+        v[k] = _mm512_ternarylogic_epi32(v[k], bit, _mm512_set1_epi8(16), 0xF8);  // v | (bit & 16)
+      }
+    }
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 16 * j)));
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* x = a.xq + (t0 + t) * a.cols + 256 * s + 32 * j;
+      __m512i sum = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        int32_t quad;
+        std::memcpy(&quad, x + 4 * k, 4);
+        sum = _mm512_dpbusd_epi32(sum, v[k], _mm512_set1_epi32(quad));
+      }
+      isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(sum, sc));
+    }
+  }
+}
+
+// The minimums' term of token t, sum_j m_j * bsum_j, by 4 vpdpwssd on
+// (m_2p, m_2p+1) int16 pairs.
+inline __m512i Q45KMins(const Q8Args& a, const uint8_t* p, int64_t s, int64_t t) {
+  const int16_t* bs = a.xbsum + t * (a.cols / 32) + 8 * s;
+  __m512i mins = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    const __m512i m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 192 + 32 * q)));
+    int32_t pair;
+    std::memcpy(&pair, bs + 2 * q, 4);
+    mins = _mm512_dpwssd_epi32(mins, m, _mm512_set1_epi32(pair));
+  }
+  return mins;
+}
+
+// Q6_K: per sub-block j of 16, sc_j * (dot_j - 32 bsum16_j), the sum started
+// from -32 bsum16_j and run by 4 vpdpbusd (codes 0..63 unsigned), times the
+// row's int8 scale: at most 16 * (16 * 63 * 127 + 32 * 16 * 127) * 128 < 2^31.
+// Quarter u of half h (elements 128h + 32u..): vector k holds elements
+// 4k..4k+3 of it, low 4 bits from ql (A: u = 0, 2; B: u = 1, 3; the high
+// nibble for u >= 2), bits 4-5 from qh bits 2u, 2u + 1.
+template <int NT>
+inline void Q6KSuperSums(const Q8Args& a, const uint8_t* p, int64_t s, int64_t t0, __m512i* isum) {
+  const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
+  const int16_t* bsum16 = a.xbsum16 + 16 * s;
+#pragma GCC unroll 8
+  for (int hu = 0; hu < 8; ++hu) {
+    const int h = hu / 4, u = hu % 4;
+    const uint8_t* half = p + 288 + 1536 * h;
+    const uint8_t* ql = half + (u % 2 == 0 ? 0 : 512);
+    __m512i v[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m512i l = _mm512_loadu_si512(ql + 64 * k);
+      const __m512i hb = _mm512_loadu_si512(half + 1024 + 64 * k);
+      const __m512i lo = _mm512_and_si512(u < 2 ? l : _mm512_srli_epi16(l, 4), m15);
+      __m512i hi;
+      if (u == 0) {
+        hi = _mm512_slli_epi16(hb, 4);
+      } else if (u == 1) {
+        hi = _mm512_slli_epi16(hb, 2);
+      } else if (u == 2) {
+        hi = hb;
+      } else {
+        hi = _mm512_srli_epi16(hb, 2);
+      }
+      v[k] = _mm512_ternarylogic_epi32(lo, hi, m48, 0xF8);  // lo | (hi & 48)
+    }
+    const int j0 = 8 * h + 2 * u;  // sub-blocks j0 (k = 0..3) and j0 + 1 (k = 4..7)
+    const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * j0)));
+    const __m512i sc1 =
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 16 * (j0 + 1))));
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* x = a.xq + (t0 + t) * a.cols + 256 * s + 128 * h + 32 * u;
+      const int16_t* bs = bsum16 + (t0 + t) * (a.cols / 16);
+      __m512i s0 = _mm512_set1_epi32(-32 * int32_t{bs[j0]});
+      __m512i s1 = _mm512_set1_epi32(-32 * int32_t{bs[j0 + 1]});
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        int32_t q0, q1;
+        std::memcpy(&q0, x + 4 * k, 4);
+        std::memcpy(&q1, x + 16 + 4 * k, 4);
+        s0 = _mm512_dpbusd_epi32(s0, v[k], _mm512_set1_epi32(q0));
+        s1 = _mm512_dpbusd_epi32(s1, v[4 + k], _mm512_set1_epi32(q1));
+      }
+      isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
+    }
+  }
+}
+
+template <int kIndex>
+constexpr DType KLaneType() {
+  return kIndex == kIdxQ4_K ? DType::kQ4_K : kIndex == kIdxQ5_K ? DType::kQ5_K : DType::kQ6_K;
+}
+
+template <int kIndex, int NT>
+void KLaneTile(const Q8Args& a, const uint8_t* group, int nr, int64_t t0, const uint8_t* prefetch) {
+  constexpr int64_t kSuper = LaneSuperBytes(KLaneType<kIndex>());
+  constexpr int kPrefetchLines = static_cast<int>(kSuper / 64);
+  const int64_t nsb = a.cols / 256;
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* p = group + s * kSuper;
+    if (prefetch != nullptr) {
+      // The next group's super-block s, into L2 (as LaneTile's).
+      const uint8_t* np = prefetch + s * kSuper;
+      for (int l = 0; l < kPrefetchLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(np + 64 * l), _MM_HINT_T1);
+    }
+    __m512i isum[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+    if constexpr (kIndex != kIdxQ6_K) {
+      Q45KSuperSums<kIndex, NT>(a, p, s, t0, isum);
+    } else {
+      Q6KSuperSums<NT>(a, p, s, t0, isum);
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const __m512 dx = _mm512_set1_ps(a.xd[(t0 + t) * nsb + s]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, dx), acc[t]);
+      if constexpr (kIndex != kIdxQ6_K) {
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(Q45KMins(a, p, s, t0 + t)), _mm512_mul_ps(dm, dx), acc[t]);
+      }
+    }
+  }
+  const __mmask16 store = static_cast<__mmask16>((1u << nr) - 1);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(a.y + (t0 + t) * a.y_stride, store, acc[t]);
+}
+
+template <int kIndex, int NT>
+void KLaneTileUpto(const Q8Args& a, const uint8_t* group, int nr, int64_t t0, int nt, const uint8_t* prefetch) {
+  if constexpr (NT > 1) {
+    if (nt < NT) return KLaneTileUpto<kIndex, NT - 1>(a, group, nr, t0, nt, prefetch);
+  }
+  KLaneTile<kIndex, NT>(a, group, nr, t0, prefetch);
+}
+
+// Rows [row_begin, row_end): whole groups at multiples of 16 from the packed
+// copy, every other group packed here from the file's rows first (a tail
+// group's unused lanes repeat its first row).
+template <int kIndex>
+void KLaneRows(const Q8Args& a) {
+  constexpr DType kType = KLaneType<kIndex>();
+  const int64_t group_bytes = LaneGroupBytes(kType, a.cols);
+  thread_local std::vector<uint8_t> scratch;
+  for (int64_t r = a.row_begin; r < a.row_end; r += kLaneRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kLaneRows, a.row_end - r));
+    const int64_t rn = r + kLaneRows;  // the group prefetched
+    const uint8_t* next = nullptr;
+    if (rn + kLaneRows <= a.row_end && GroupPacked(a, rn, kLaneRows)) next = a.lanes + rn / kLaneRows * group_bytes;
+    const uint8_t* group;
+    if (GroupPacked(a, r, nr)) {
+      group = a.lanes + r / kLaneRows * group_bytes;
+    } else {
+      const uint8_t* rows[kLaneRows];
+      for (int i = 0; i < kLaneRows; ++i) rows[i] = a.w + (r + (i < nr ? i : 0)) * a.row_bytes;
+      scratch.resize(static_cast<size_t>(group_bytes));
+      PackKLaneGroup(kType, rows, a.cols, scratch.data());
+      group = scratch.data();
+    }
+    Q8Args at = a;
+    at.y = a.y + r;
+    for (int64_t t = 0; t < a.n_tokens; t += kKLaneTokens) {
+      const int nt = static_cast<int>(std::min<int64_t>(kKLaneTokens, a.n_tokens - t));
+      KLaneTileUpto<kIndex, kKLaneTokens>(at, group, nr, t, nt, t == 0 ? next : nullptr);
+    }
+  }
+}
+
 constexpr Q8KernelTable kTable = {
     "avx512-vnni",
-    {nullptr, nullptr, nullptr, &LaneRows<kIdxQ4_0>, &LaneRows<kIdxQ8_0>, &KRows512<kIdxQ4_K>,
-     &KRows512<kIdxQ5_K>, &Q6Rows},
+    {nullptr, nullptr, nullptr, &LaneRows<kIdxQ4_0>, &LaneRows<kIdxQ8_0>, &KLaneRows<kIdxQ4_K>,
+     &KLaneRows<kIdxQ5_K>, &KLaneRows<kIdxQ6_K>},
     &QuantizeRowSimd,
     // Q4_0 too: with packed weights the lane kernel beats f32 at every batch
     // size (1.4-1.6 x the unpacked kernel at batch 1). Q8_0 not: faster too,
@@ -335,7 +457,8 @@ constexpr Q8KernelTable kTable = {
     &LaneRows<kIdxQ8_0, true>,
     &QuantizeRowWideSimd,
     // Q8_0 takes wide activations by default: docs/PERFORMANCE.md.
-    /*auto_wide=*/true};
+    /*auto_wide=*/true,
+    /*reads_k_lanes=*/true};
 
 }  // namespace
 }  // namespace strata::cpu::internal

@@ -14,12 +14,14 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "model/backend/cpu/cpu_features.h"
 #include "model/backend/cpu/matmul.h"
 #include "model/backend/cpu/matmul_internal.h"
 #include "model/backend/cpu/quant.h"
+#include "tests/support/q8_args.h"
 #include "tests/support/test_weights.h"
 
 namespace strata::cpu::internal {
@@ -186,25 +188,6 @@ TEST(Q8ActivationTest, ZeroAndNonFiniteBlocks) {
 // tail, row and token counts that leave partial tiles) against the double
 // reference of its own integer arithmetic: the integer sums are exact, so the
 // only difference is f32 rounding of the per-block scaling and summation.
-// A kernel call over rows [row_begin, rows) of w and every token of act,
-// into y (act.n_tokens x rows, row-major by token).
-Q8Args ArgsFor(const Weight& w, const Q8Activations& act, int64_t row_begin, std::vector<float>* y) {
-  Q8Args a;
-  a.w = w.tensor.data;
-  a.row_bytes = RowBytes(w.tensor.type, act.cols);
-  a.cols = act.cols;
-  a.row_begin = row_begin;
-  a.row_end = w.tensor.rows();
-  a.xq = act.q.data();
-  a.xd = act.d.data();
-  a.xbsum = act.bsum.data();
-  a.xbsum16 = act.bsum16.data();
-  a.n_tokens = act.n_tokens;
-  a.y = y->data();
-  a.y_stride = w.tensor.rows();
-  return a;
-}
-
 TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
   for (DType type : kInt8Types) {
     const std::vector<int64_t> widths =
@@ -223,7 +206,7 @@ TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
             LevelScope scope(level);
             const Q8KernelTable& table = ActiveQ8Kernels();
             std::vector<float> y(static_cast<size_t>(n_tokens * rows), -1.f);
-            Q8Args a = ArgsFor(w, act, 0, &y);
+            Q8Args a = testing::Q8ArgsFor(w, act, 0, &y);
             table.rows[TypeIndex(type)](a);
             for (int64_t t = 0; t < n_tokens; ++t) {
               for (int64_t r = 0; r < rows; ++r) {
@@ -269,19 +252,24 @@ TEST(Q8KernelTest, MatchesDoubleReferenceAtEveryLevel) {
 // reads_lanes ignore it); and MatMul passes it through over 1 and 2 threads.
 TEST(Q8KernelTest, PackedLanesGiveTheSameBits) {
   ThreadPool one(1), two(2);
-  for (DType type : {DType::kQ8_0, DType::kQ4_0}) {
-    for (int64_t cols : {32, 96, 2048}) {
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    const std::vector<int64_t> widths = IsK(type) ? std::vector<int64_t>{256, 768, 2048} : std::vector<int64_t>{32, 96, 2048};
+    for (int64_t cols : widths) {
       for (int64_t rows : {16, 35, 48}) {
         const Weight w = MakeWeight(type, rows, cols, static_cast<uint32_t>(7 * cols + rows));
         std::vector<uint8_t> packed(LanePackedBytes(w.tensor));
-        ASSERT_EQ(packed.size(), static_cast<size_t>(rows / 16 * 16) * RowBytes(type, cols));
+        // The file's bytes; Q4_K, Q5_K: 64 more per 16 rows and super-block.
+        const bool unpacked_scales = type == DType::kQ4_K || type == DType::kQ5_K;
+        const size_t want =
+            static_cast<size_t>(rows / 16) * (16 * RowBytes(type, cols) + (unpacked_scales ? cols / 256 * 64 : 0));
+        ASSERT_EQ(packed.size(), want);
         PackLanes(w.tensor, packed.data());
         Tensor with = w.tensor;
         with.lanes = packed.data();
         for (int64_t n_tokens : {1, 3, 9}) {
           const std::vector<float> x = RandomX(n_tokens * cols, static_cast<uint32_t>(n_tokens + cols));
           Q8Activations act;
-          QuantizeActivations(x.data(), n_tokens, cols, cols, 32, &act, nullptr);
+          QuantizeActivations(x.data(), n_tokens, cols, cols, Q8ActBlockFor(type), &act, nullptr);
           for (SimdLevel level : Levels()) {
             LevelScope scope(level);
             const Q8KernelTable& table = ActiveQ8Kernels();
@@ -290,7 +278,7 @@ TEST(Q8KernelTest, PackedLanesGiveTheSameBits) {
               std::vector<float> y[2];
               for (int k = 0; k < 2; ++k) {
                 y[k].assign(static_cast<size_t>(n_tokens * rows), -1.f);
-                Q8Args a = ArgsFor(w, act, begin, &y[k]);
+                Q8Args a = testing::Q8ArgsFor(w, act, begin, &y[k]);
                 a.lanes = k == 0 ? nullptr : packed.data();
                 table.rows[TypeIndex(type)](a);
               }
@@ -338,6 +326,81 @@ TEST(Q8KernelTest, PackLanesLayout) {
   }
 }
 
+// PackLanes's Q4_K and Q5_K layouts, byte by byte, for two groups of two
+// super-blocks, against the file's fields and UnpackScaleMinK4.
+template <class Block>
+void ExpectQ45KLayout(DType type) {
+  const int64_t cols = 512, nsb = 2;
+  const Weight w = MakeWeight(type, 33, cols, 4);
+  std::vector<uint8_t> p(LanePackedBytes(w.tensor));
+  const int64_t super = LaneSuperBytes(type);
+  ASSERT_EQ(super, 16 * static_cast<int64_t>(sizeof(Block)) + 64);
+  ASSERT_EQ(p.size(), static_cast<size_t>(2 * nsb * super));
+  PackLanes(w.tensor, p.data());
+  for (int g = 0; g < 2; ++g) {
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* o = p.data() + (g * nsb + s) * super;
+      for (int i = 0; i < 16; ++i) {
+        const auto* blk = reinterpret_cast<const Block*>(w.tensor.row(16 * g + i)) + s;
+        EXPECT_EQ(std::memcmp(o + 2 * i, &blk->d, 2), 0) << "d " << s << " " << i;
+        EXPECT_EQ(std::memcmp(o + 32 + 2 * i, &blk->dmin, 2), 0) << "dmin " << s << " " << i;
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc = 0, m = 0;
+          UnpackScaleMinK4(blk->scales, j, &sc, &m);
+          EXPECT_EQ(o[64 + 16 * j + i], sc) << "scale " << j << " row " << i;
+          EXPECT_EQ(o[192 + 32 * (j / 2) + 2 * i + j % 2], m) << "min " << j << " row " << i;
+        }
+        for (int b = 0; b < 128; ++b) {
+          const int q = b / 32, k = b % 32 / 4;
+          ASSERT_EQ(o[320 + 512 * q + 64 * k + 4 * i + b % 4], blk->qs[b]) << "code byte " << b << " row " << i;
+        }
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+          for (int b = 0; b < 32; ++b) {
+            ASSERT_EQ(o[2368 + 64 * (b / 4) + 4 * i + b % 4], blk->qh[b]) << "qh byte " << b << " row " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Q8KernelTest, PackLanesLayoutQ4KQ5K) {
+  ExpectQ45KLayout<BlockQ4_K>(DType::kQ4_K);
+  ExpectQ45KLayout<BlockQ5_K>(DType::kQ5_K);
+}
+
+// PackLanes's Q6_K layout, byte by byte, for two groups of two super-blocks.
+TEST(Q8KernelTest, PackLanesLayoutQ6K) {
+  const int64_t cols = 512, nsb = 2;
+  const Weight w = MakeWeight(DType::kQ6_K, 40, cols, 6);
+  std::vector<uint8_t> p(LanePackedBytes(w.tensor));
+  const int64_t super = LaneSuperBytes(DType::kQ6_K);
+  ASSERT_EQ(super, 16 * static_cast<int64_t>(sizeof(BlockQ6_K)));
+  ASSERT_EQ(p.size(), static_cast<size_t>(2 * nsb * super));
+  PackLanes(w.tensor, p.data());
+  for (int g = 0; g < 2; ++g) {
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* o = p.data() + (g * nsb + s) * super;
+      for (int i = 0; i < 16; ++i) {
+        const auto* blk = reinterpret_cast<const BlockQ6_K*>(w.tensor.row(16 * g + i)) + s;
+        EXPECT_EQ(std::memcmp(o + 2 * i, &blk->d, 2), 0) << "d " << s << " " << i;
+        for (int j = 0; j < 16; ++j) {
+          EXPECT_EQ(static_cast<int8_t>(o[32 + 16 * j + i]), blk->scales[j]) << "scale " << j << " row " << i;
+        }
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* half = o + 288 + 1536 * h;
+          for (int b = 0; b < 32; ++b) {
+            const size_t at = static_cast<size_t>(64 * (b / 4) + 4 * i + b % 4);
+            ASSERT_EQ(half[at], blk->ql[64 * h + b]) << "ql " << h << " " << b << " row " << i;
+            ASSERT_EQ(half[512 + at], blk->ql[64 * h + 32 + b]) << "ql " << h << " " << 32 + b << " row " << i;
+            ASSERT_EQ(half[1024 + at], blk->qh[32 * h + b]) << "qh " << h << " " << b << " row " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The tables this machine should have, named, so a lost dispatch shows.
 TEST(Q8KernelTest, TablesPresentForTheCpu) {
   const CpuFeatures& f = GetCpuFeatures();
@@ -359,6 +422,13 @@ TEST(Q8KernelTest, TablesPresentForTheCpu) {
     LevelScope scope(level);
     const bool lanes = &ActiveQ8Kernels() != &ScalarQ8Kernels();
     EXPECT_EQ(ActiveQ8Kernels().reads_lanes, lanes) << static_cast<int>(level);
+    // The K-quant lane kernels are AVX-512 VNNI's alone.
+    for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+      EXPECT_EQ(ReadsLanes(ActiveQ8Kernels(), t), &ActiveQ8Kernels() == Avx512VnniQ8Kernels())
+          << static_cast<int>(level);
+    }
+    EXPECT_EQ(ReadsLanes(ActiveQ8Kernels(), DType::kQ8_0), lanes) << static_cast<int>(level);
+    EXPECT_FALSE(ReadsLanes(ActiveQ8Kernels(), DType::kF16)) << static_cast<int>(level);
     EXPECT_EQ(UsesIntegerActivations(DType::kQ4_0, ActivationMode::kAuto), lanes) << static_cast<int>(level);
   }
   // Q8_0's default is wide activations (matmul_q8_wide_test.cc).

@@ -21,6 +21,7 @@
 #include "model/backend/cpu/matmul_internal.h"
 #include "model/backend/cpu/matmul_q8.h"
 #include "model/backend/cpu/quant.h"
+#include "tests/support/q8_args.h"
 #include "tests/support/test_weights.h"
 
 namespace strata::cpu::internal {
@@ -155,24 +156,6 @@ TEST(WideActivationTest, EveryLevelQuantizesTheSame) {
   EXPECT_TRUE(std::isnan(want_d[800 / 32]));
 }
 
-Q8Args ArgsFor(const testing::TestWeight& w, const Q8Activations& act, int64_t row_begin, std::vector<float>* y) {
-  Q8Args a;
-  a.w = w.tensor.data;
-  a.row_bytes = RowBytes(DType::kQ8_0, act.cols);
-  a.cols = act.cols;
-  a.row_begin = row_begin;
-  a.row_end = w.tensor.rows();
-  a.xq = act.q.data();
-  a.xd = act.d.data();
-  a.xbsum = act.bsum.data();
-  a.xql = act.ql.data();
-  a.xlbsum = act.lbsum.data();
-  a.n_tokens = act.n_tokens;
-  a.y = y->data();
-  a.y_stride = w.tensor.rows();
-  return a;
-}
-
 // Each level's wide kernel, from the file's rows and from PackLanes's copy,
 // against the double reference; the two layouts give the same bits.
 TEST(WideKernelTest, MatchesDoubleReferenceAtEveryLevel) {
@@ -198,7 +181,7 @@ TEST(WideKernelTest, MatchesDoubleReferenceAtEveryLevel) {
             std::vector<float> y[2];
             for (int k = 0; k < 2; ++k) {
               y[k].assign(static_cast<size_t>(n_tokens * rows), -1.f);
-              Q8Args a = ArgsFor(w, act, begin, &y[k]);
+              Q8Args a = testing::Q8ArgsFor(w, act, begin, &y[k]);
               a.lanes = k == 0 || packed.empty() ? nullptr : packed.data();
               table.q8_0_wide(a);
             }

@@ -187,10 +187,10 @@ TEST_P(Int8Forward, PackedWeightsGiveTheSameLogits) {
   ModelWeights packed = std::move(MakeSyntheticWeights(Shape(opt.dtype), opt).value());
   const int n = PackWeightsForInt8(&packed, {});
   if (!cpu::internal::LanePackable(opt.dtype)) {
-    EXPECT_EQ(n, 0) << "only Q4_0 and Q8_0 have a packed layout";
+    EXPECT_EQ(n, 0) << "only Q4_0, Q8_0 and the K-quants have a packed layout";
     return;
   }
-  if (!cpu::internal::ActiveQ8Kernels().reads_lanes) {
+  if (!cpu::internal::ReadsLanes(cpu::internal::ActiveQ8Kernels(), opt.dtype)) {
     EXPECT_EQ(n, 0);
     GTEST_SKIP() << "no lane kernel at this SIMD level: nothing packed";
   }

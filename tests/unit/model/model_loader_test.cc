@@ -86,12 +86,13 @@ Result<std::unique_ptr<LoadedModel>> LoadUnder(const ModelConfig& c, const PackC
   return m;
 }
 
-// Loading packs Q4_0 / Q8_0 matrices for the int8 lane kernel where the
+// Loading packs Q4_0 / Q8_0 and K-quant matrices for the int8 lane kernels where the
 // activation mode uses it (model/weight_pack.h), and the file's bytes stay
 // readable after their pages are dropped; the digest is the file's.
 TEST(ModelLoader, QuantizedMatricesArePackedWhereTheLaneKernelReadsThem) {
   const ModelConfig c = Small();
   const bool lanes = cpu::internal::ActiveQ8Kernels().reads_lanes;
+  const bool k_lanes = cpu::internal::ReadsLanes(cpu::internal::ActiveQ8Kernels(), DType::kQ4_K);
   const PackCase cases[] = {
       {DType::kQ4_0, cpu::ActivationMode::kAuto, true, lanes},  {DType::kQ4_0, cpu::ActivationMode::kAuto, false, false},
       {DType::kQ4_0, cpu::ActivationMode::kExact, true, false},
@@ -99,12 +100,26 @@ TEST(ModelLoader, QuantizedMatricesArePackedWhereTheLaneKernelReadsThem) {
       {DType::kQ8_0, cpu::ActivationMode::kAuto, true, lanes},
       {DType::kQ8_0, cpu::ActivationMode::kExact, true, false},
       {DType::kQ8_0, cpu::ActivationMode::kInt8, true, lanes},
+      // The K-quants: where their lane kernels run (AVX-512 VNNI).
+      {DType::kQ4_K, cpu::ActivationMode::kAuto, true, k_lanes},
+      {DType::kQ4_K, cpu::ActivationMode::kAuto, false, false},
+      {DType::kQ4_K, cpu::ActivationMode::kExact, true, false},
+      {DType::kQ5_K, cpu::ActivationMode::kAuto, true, k_lanes},
+      {DType::kQ6_K, cpu::ActivationMode::kAuto, true, k_lanes},
+      {DType::kQ6_K, cpu::ActivationMode::kExact, true, false},
   };
+  // K-quants need rows of a multiple of 256.
+  ModelConfig kc = c;
+  kc.dim = 256;
+  kc.head_dim = kc.dim / kc.n_heads;
+  kc.ffn_dim = 512;
   for (const PackCase& k : cases) {
     const std::string what = k.What();
-    auto m = LoadUnder(c, k, "p");
+    const bool k_quant = k.type == DType::kQ4_K || k.type == DType::kQ5_K || k.type == DType::kQ6_K;
+    const ModelConfig& cfg = k_quant ? kc : c;
+    auto m = LoadUnder(cfg, k, "p");
     ASSERT_TRUE(m) << m.error().ToString();
-    auto mem = MakeSyntheticWeights(c, SynthOptions{k.type, 1, 0.0f});
+    auto mem = MakeSyntheticWeights(cfg, SynthOptions{k.type, 1, 0.0f});
     ASSERT_TRUE(mem);
     EXPECT_EQ((*m)->weights.digest, mem->digest) << what;
     const Tensor& a = (*m)->weights.layers[0].w_up;
