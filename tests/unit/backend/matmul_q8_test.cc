@@ -326,42 +326,50 @@ TEST(Q8KernelTest, PackLanesLayout) {
   }
 }
 
-// PackLanes's Q4_K and Q5_K layouts, byte by byte, for two groups of two
-// super-blocks, against the file's fields and UnpackScaleMinK4.
-template <class Block>
-void ExpectQ45KLayout(DType type) {
+// Packs a 512-column matrix of `type` (two whole groups of two super-blocks
+// and a tail) and calls check(o, row, s, i) for super-block s of group row
+// i: o, its packed bytes; row, the file's row. The copy is the file's bytes
+// plus `extra` per 16 rows and super-block.
+template <class Check>
+void ForEachPackedSuperBlock(DType type, int64_t extra, Check&& check) {
   const int64_t cols = 512, nsb = 2;
-  const Weight w = MakeWeight(type, 33, cols, 4);
+  const Weight w = MakeWeight(type, 37, cols, static_cast<uint32_t>(type));
   std::vector<uint8_t> p(LanePackedBytes(w.tensor));
   const int64_t super = LaneSuperBytes(type);
-  ASSERT_EQ(super, 16 * static_cast<int64_t>(sizeof(Block)) + 64);
+  ASSERT_EQ(super, 16 * static_cast<int64_t>(RowBytes(type, 256)) + extra);
   ASSERT_EQ(p.size(), static_cast<size_t>(2 * nsb * super));
   PackLanes(w.tensor, p.data());
   for (int g = 0; g < 2; ++g) {
     for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* o = p.data() + (g * nsb + s) * super;
-      for (int i = 0; i < 16; ++i) {
-        const auto* blk = reinterpret_cast<const Block*>(w.tensor.row(16 * g + i)) + s;
-        EXPECT_EQ(std::memcmp(o + 2 * i, &blk->d, 2), 0) << "d " << s << " " << i;
-        EXPECT_EQ(std::memcmp(o + 32 + 2 * i, &blk->dmin, 2), 0) << "dmin " << s << " " << i;
-        for (int j = 0; j < 8; ++j) {
-          uint8_t sc = 0, m = 0;
-          UnpackScaleMinK4(blk->scales, j, &sc, &m);
-          EXPECT_EQ(o[64 + 16 * j + i], sc) << "scale " << j << " row " << i;
-          EXPECT_EQ(o[192 + 32 * (j / 2) + 2 * i + j % 2], m) << "min " << j << " row " << i;
-        }
-        for (int b = 0; b < 128; ++b) {
-          const int q = b / 32, k = b % 32 / 4;
-          ASSERT_EQ(o[320 + 512 * q + 64 * k + 4 * i + b % 4], blk->qs[b]) << "code byte " << b << " row " << i;
-        }
-        if constexpr (std::is_same_v<Block, BlockQ5_K>) {
-          for (int b = 0; b < 32; ++b) {
-            ASSERT_EQ(o[2368 + 64 * (b / 4) + 4 * i + b % 4], blk->qh[b]) << "qh byte " << b << " row " << i;
-          }
-        }
-      }
+      for (int i = 0; i < 16; ++i) check(p.data() + (g * nsb + s) * super, w.tensor.row(16 * g + i), s, i);
     }
   }
+}
+
+// PackLanes's Q4_K and Q5_K layouts, byte by byte, against the file's
+// fields and UnpackScaleMinK4.
+template <class Block>
+void ExpectQ45KLayout(DType type) {
+  ForEachPackedSuperBlock(type, 64, [](const uint8_t* o, const uint8_t* row, int64_t s, int i) {
+    const auto* blk = reinterpret_cast<const Block*>(row) + s;
+    EXPECT_EQ(std::memcmp(o + 2 * i, &blk->d, 2), 0) << "d " << s << " " << i;
+    EXPECT_EQ(std::memcmp(o + 32 + 2 * i, &blk->dmin, 2), 0) << "dmin " << s << " " << i;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc = 0, m = 0;
+      UnpackScaleMinK4(blk->scales, j, &sc, &m);
+      EXPECT_EQ(o[64 + 16 * j + i], sc) << "scale " << j << " row " << i;
+      EXPECT_EQ(o[192 + 32 * (j / 2) + 2 * i + j % 2], m) << "min " << j << " row " << i;
+    }
+    for (int b = 0; b < 128; ++b) {
+      const int q = b / 32, k = b % 32 / 4;
+      ASSERT_EQ(o[320 + 512 * q + 64 * k + 4 * i + b % 4], blk->qs[b]) << "code byte " << b << " row " << i;
+    }
+    if constexpr (std::is_same_v<Block, BlockQ5_K>) {
+      for (int b = 0; b < 32; ++b) {
+        ASSERT_EQ(o[2368 + 64 * (b / 4) + 4 * i + b % 4], blk->qh[b]) << "qh byte " << b << " row " << i;
+      }
+    }
+  });
 }
 
 TEST(Q8KernelTest, PackLanesLayoutQ4KQ5K) {
@@ -369,36 +377,24 @@ TEST(Q8KernelTest, PackLanesLayoutQ4KQ5K) {
   ExpectQ45KLayout<BlockQ5_K>(DType::kQ5_K);
 }
 
-// PackLanes's Q6_K layout, byte by byte, for two groups of two super-blocks.
+// PackLanes's Q6_K layout, byte by byte (the file's size).
 TEST(Q8KernelTest, PackLanesLayoutQ6K) {
-  const int64_t cols = 512, nsb = 2;
-  const Weight w = MakeWeight(DType::kQ6_K, 40, cols, 6);
-  std::vector<uint8_t> p(LanePackedBytes(w.tensor));
-  const int64_t super = LaneSuperBytes(DType::kQ6_K);
-  ASSERT_EQ(super, 16 * static_cast<int64_t>(sizeof(BlockQ6_K)));
-  ASSERT_EQ(p.size(), static_cast<size_t>(2 * nsb * super));
-  PackLanes(w.tensor, p.data());
-  for (int g = 0; g < 2; ++g) {
-    for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* o = p.data() + (g * nsb + s) * super;
-      for (int i = 0; i < 16; ++i) {
-        const auto* blk = reinterpret_cast<const BlockQ6_K*>(w.tensor.row(16 * g + i)) + s;
-        EXPECT_EQ(std::memcmp(o + 2 * i, &blk->d, 2), 0) << "d " << s << " " << i;
-        for (int j = 0; j < 16; ++j) {
-          EXPECT_EQ(static_cast<int8_t>(o[32 + 16 * j + i]), blk->scales[j]) << "scale " << j << " row " << i;
-        }
-        for (int h = 0; h < 2; ++h) {
-          const uint8_t* half = o + 288 + 1536 * h;
-          for (int b = 0; b < 32; ++b) {
-            const size_t at = static_cast<size_t>(64 * (b / 4) + 4 * i + b % 4);
-            ASSERT_EQ(half[at], blk->ql[64 * h + b]) << "ql " << h << " " << b << " row " << i;
-            ASSERT_EQ(half[512 + at], blk->ql[64 * h + 32 + b]) << "ql " << h << " " << 32 + b << " row " << i;
-            ASSERT_EQ(half[1024 + at], blk->qh[32 * h + b]) << "qh " << h << " " << b << " row " << i;
-          }
-        }
+  ForEachPackedSuperBlock(DType::kQ6_K, 0, [](const uint8_t* o, const uint8_t* row, int64_t s, int i) {
+    const auto* blk = reinterpret_cast<const BlockQ6_K*>(row) + s;
+    EXPECT_EQ(std::memcmp(o + 2 * i, &blk->d, 2), 0) << "d " << s << " " << i;
+    for (int j = 0; j < 16; ++j) {
+      EXPECT_EQ(static_cast<int8_t>(o[32 + 16 * j + i]), blk->scales[j]) << "scale " << j << " row " << i;
+    }
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* half = o + 288 + 1536 * h;
+      for (int b = 0; b < 32; ++b) {
+        const size_t at = static_cast<size_t>(64 * (b / 4) + 4 * i + b % 4);
+        ASSERT_EQ(half[at], blk->ql[64 * h + b]) << "ql " << h << " " << b << " row " << i;
+        ASSERT_EQ(half[512 + at], blk->ql[64 * h + 32 + b]) << "ql " << h << " " << 32 + b << " row " << i;
+        ASSERT_EQ(half[1024 + at], blk->qh[32 * h + b]) << "qh " << h << " " << b << " row " << i;
       }
     }
-  }
+  });
 }
 
 // The tables this machine should have, named, so a lost dispatch shows.
