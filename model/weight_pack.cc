@@ -51,7 +51,7 @@ int PackWeightsForInt8(ModelWeights* w, const std::vector<const MappedFile*>& ma
     uint8_t* out = AlignedBuffer(w, n);
     cpu::internal::PackLanes(*t, out);
     t->lanes = out;
-    // The file's bytes of the packed rows (Q4_K's copy is larger than them).
+    // The file's bytes of the packed rows (the Q4_K/Q5_K copies are larger).
     const int64_t rows = t->rows() / cpu::internal::kLaneRows * cpu::internal::kLaneRows;
     DropOriginal(*t, static_cast<size_t>(rows) * RowBytes(t->type, t->cols()), mapped);
     ++packed;
