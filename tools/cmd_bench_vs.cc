@@ -81,6 +81,10 @@ Result<std::string> FindTool(const std::string& dir, const std::string& name) {
 
 struct Figures {
   double decode = 0, prefill = 0, batched = 0;  // tokens per second
+  // Strata's run only: the bytes one batch-1 decode step reads (the file's
+  // weights, an embedding row, the KV) and the streaming read bandwidth
+  // `strata bench kernels` measured around its figures (GB/s).
+  double decode_bytes = 0, read_gbs = 0;
 };
 
 Result<Figures> RunLlama(const VsFlags& f, const std::string& bench, const std::string& batched) {
@@ -127,8 +131,9 @@ Result<Figures> RunLlama(const VsFlags& f, const std::string& bench, const std::
   return r;
 }
 
-// decode[0].tokens_per_s (and prefill.tokens_per_s) of `strata bench kernels --json`.
-Status ReadKernels(const std::string& out, double* decode, double* prefill) {
+// decode[0].tokens_per_s (and prefill.tokens_per_s, decode[0].bytes_per_step
+// and limits.read_bandwidth_gbs) of `strata bench kernels --json`.
+Status ReadKernels(const std::string& out, double* decode, double* prefill, Figures* bytes = nullptr) {
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (!j.is_object() || !j.contains("decode") || !j["decode"].is_array() || j["decode"].empty() ||
       !j["decode"][0].is_object() || !j.contains("prefill") || !j["prefill"].is_object())
@@ -137,7 +142,19 @@ Status ReadKernels(const std::string& out, double* decode, double* prefill) {
   if (prefill != nullptr) *prefill = j["prefill"].value("tokens_per_s", 0.0);
   if (!(*decode > 0) || (prefill != nullptr && !(*prefill > 0)))
     return Status::Internal("strata bench kernels printed a figure that is not positive");
+  if (bytes != nullptr) {
+    bytes->decode_bytes = j["decode"][0].value("bytes_per_step", 0.0);
+    if (j.contains("limits") && j["limits"].is_object())
+      bytes->read_gbs = j["limits"].value("read_bandwidth_gbs", 0.0);
+    if (!(bytes->decode_bytes > 0) || !(bytes->read_gbs > 0))
+      return Status::Internal("strata bench kernels printed no bytes per step or read bandwidth");
+  }
   return Status::Ok();
+}
+
+// GB/s a decode at tokens_per_s reads, as a share of the streaming read.
+double ReadShare(double tokens_per_s, const Figures& s) {
+  return tokens_per_s * s.decode_bytes / 1e9 / s.read_gbs;
 }
 
 Result<Figures> RunStrata(const VsFlags& f) {
@@ -150,7 +167,7 @@ Result<Figures> RunStrata(const VsFlags& f) {
                            (f.int8_activations ? " --int8-activations" : "") +
                            (f.exact_activations ? " --exact-activations" : "");
   STRATA_ASSIGN_OR_RETURN(std::string out, Capture(base + " --context 64 --batches 1 --prefill 512"));
-  STRATA_RETURN_IF_ERROR(ReadKernels(out, &r.decode, &r.prefill));
+  STRATA_RETURN_IF_ERROR(ReadKernels(out, &r.decode, &r.prefill, &r));
   if (f.batched) {
     STRATA_ASSIGN_OR_RETURN(std::string b, Capture(base + " --context " + std::to_string(f.batched_context) +
                                                            " --batches 32 --prefill 16"));
@@ -175,6 +192,7 @@ int RunVs(const VsFlags& f) {
   const std::string batched_name = "batched_32x" + std::to_string(f.batched_context);
   const char* names[] = {"decode_b1", "prefill_512", batched_name.c_str()};
   std::vector<double> ratios[3];
+  std::vector<double> shares[2];  // decode_b1's read share: Strata, llama.cpp
   nlohmann::json rounds = nlohmann::json::array();
   for (int round = 0; round < f.rounds; ++round) {
     Figures s, l;
@@ -198,12 +216,21 @@ int RunVs(const VsFlags& f) {
       ratios[i].push_back(ratio);
       jr[names[i]] = {{"strata_tokens_per_s", sv[i]}, {"llamacpp_tokens_per_s", lv[i]}, {"ratio", ratio}};
     }
+    // Batch-1 decode streams the weights: each engine's read rate next to
+    // the machine's, measured in the same round.
+    shares[0].push_back(ReadShare(s.decode, s));
+    shares[1].push_back(ReadShare(l.decode, s));
+    jr["decode_b1"]["bytes_per_token"] = s.decode_bytes;
+    jr["decode_b1"]["read_bandwidth_gbs"] = s.read_gbs;
+    jr["decode_b1"]["strata_read_share"] = shares[0].back();
+    jr["decode_b1"]["llamacpp_read_share"] = shares[1].back();
     rounds.push_back(jr);
     if (!f.json) {
       std::printf("round %d (%s first):", round + 1, round % 2 == 0 ? "strata" : "llama.cpp");
       for (int i = 0; i < (f.batched ? 3 : 2); ++i)
         std::printf("  %s %.1f / %.1f tok/s = %.3f", names[i], sv[i], lv[i], ratios[i].back());
-      std::printf("\n");
+      std::printf("\n  decode_b1 reads %.2f GB/token: Strata %.2f, llama.cpp %.2f of the streaming read (%.1f GB/s)\n",
+                  s.decode_bytes / 1e9, shares[0].back(), shares[1].back(), s.read_gbs);
       std::fflush(stdout);
     }
   }
@@ -212,6 +239,8 @@ int RunVs(const VsFlags& f) {
     const bench::Distribution d = bench::Describe(ratios[i]);
     summary[names[i]] = {{"median_ratio", d.p50}, {"min_ratio", d.min}};
   }
+  summary["decode_b1"]["strata_median_read_share"] = bench::Describe(shares[0]).p50;
+  summary["decode_b1"]["llamacpp_median_read_share"] = bench::Describe(shares[1]).p50;
   if (f.json) {
     nlohmann::json j = {{"model", f.model},
                         {"threads", f.threads},
@@ -223,6 +252,9 @@ int RunVs(const VsFlags& f) {
     for (auto& [k, v] : summary.items())
       std::printf("%-16s median ratio %.3f, lowest round %.3f (Strata / llama.cpp; > 1: Strata faster)\n", k.c_str(),
                   v["median_ratio"].get<double>(), v["min_ratio"].get<double>());
+    std::printf("decode_b1        median read share: Strata %.2f, llama.cpp %.2f (1.0: the streaming read rate)\n",
+                summary["decode_b1"]["strata_median_read_share"].get<double>(),
+                summary["decode_b1"]["llamacpp_median_read_share"].get<double>());
   }
   return 0;
 }

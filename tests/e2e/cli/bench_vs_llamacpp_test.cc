@@ -63,7 +63,17 @@ TEST(BenchVsLlamacpp, RatiosOverStandInLlamacppOutputs) {
       EXPECT_GT(s, 0) << name;
       EXPECT_DOUBLE_EQ(f["ratio"].get<double>(), s / llama) << name;
     }
+    // Each engine's batch-1 read rate as a share of the streaming read that
+    // Strata's run measured: tokens/s x bytes per token / bandwidth.
+    const auto& d = round["decode_b1"];
+    const double bytes = d["bytes_per_token"].get<double>(), gbs = d["read_bandwidth_gbs"].get<double>();
+    EXPECT_GT(bytes, 0);
+    EXPECT_GT(gbs, 0);
+    EXPECT_DOUBLE_EQ(d["llamacpp_read_share"].get<double>(), 50.0 * bytes / 1e9 / gbs);
+    EXPECT_DOUBLE_EQ(d["strata_read_share"].get<double>(),
+                     d["strata_tokens_per_s"].get<double>() * bytes / 1e9 / gbs);
   }
+  EXPECT_TRUE(j["summary"]["decode_b1"].contains("llamacpp_median_read_share"));
   EXPECT_TRUE(j["summary"]["decode_b1"].contains("median_ratio"));
   std::ifstream calls(dir + "/calls.log");
   std::string all((std::istreambuf_iterator<char>(calls)), {});
