@@ -104,10 +104,12 @@ struct PackedRows8 {
   __m256 Block(int h, int64_t b, __m256i* v) const {
     if constexpr (kIndex == kIdxQ4_0) {
       const uint8_t* c = codes + b * 256 + 32 * h;
+#pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * k));
     } else {
       const uint8_t* c = codes + b * 512 + 32 * h;
       const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));  // stored as code + 128
+#pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) {
         v[k] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * k)), flip);
       }
