@@ -257,6 +257,7 @@ constexpr int kKLaneTokens = 8;
 // (vpmulld): at most 256 * 31 * 127 * 63 < 2^31. Q5_K's bit 4 of sub-block
 // j's codes is bit j of the qh bytes, moved to bit 4 by a 16-bit shift
 // (left by 4 - j, or right by j - 4: within each byte either way).
+//
 // Q5_K, one token: each 64-byte vector of codes and of qh is loaded once
 // for all the sub-blocks it holds (the loop below loads each code vector
 // twice and the qh eight times); from L2 1.3 x the loop's speed, from DRAM
